@@ -1,0 +1,35 @@
+#pragma once
+// Storage: the bytes under one or more tensors. Carries its device so kernels can be chosen by
+// it (DESIGN.md §7: cpu now, cuda later).
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+namespace tessera {
+
+/// Where a storage lives. Only cpu is implemented; cuda is the roadmap's seam.
+enum class Device : uint8_t { cpu, cuda };
+std::string_view name(Device device);
+
+/// A block of bytes, 64-byte aligned. Non-copyable; shared through std::shared_ptr by tensors.
+class Storage {
+ public:
+  /// Uninitialised bytes. Throws ValueError for a negative size or a device without a backend.
+  static std::shared_ptr<Storage> allocate(int64_t nbytes, Device device = Device::cpu);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  int64_t nbytes() const { return nbytes_; }
+  Device device() const { return device_; }
+
+ private:
+  Storage(void* data, int64_t nbytes, Device device) : data_(data), nbytes_(nbytes), device_(device) {}
+  void* data_;
+  int64_t nbytes_;
+  Device device_;
+};
+
+}  // namespace tessera

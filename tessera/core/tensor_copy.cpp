@@ -1,0 +1,124 @@
+// Copies between tensors: the strided, converting copy kernel and what is built on it.
+#include <cstring>
+
+#include <tessera/core/detail/strided_loop.hpp>
+#include <tessera/core/tensor.hpp>
+
+namespace tessera {
+
+namespace {
+
+// Copies (and converts) one run; the contiguous case is a plain loop the compiler vectorises.
+template <class To, class From>
+void copy_run(const detail::Run<2>& run) {
+  auto* dst = reinterpret_cast<To*>(run.ptr[0]);
+  const auto* src = reinterpret_cast<const From*>(run.ptr[1]);
+  if (run.stride[0] == sizeof(To) && run.stride[1] == sizeof(From)) {
+    for (int64_t i = 0; i < run.count; ++i) dst[i] = convert<To>(src[i]);
+  } else if (run.stride[0] == sizeof(To) && run.stride[1] == 0) {
+    const To value = convert<To>(*src);
+    for (int64_t i = 0; i < run.count; ++i) dst[i] = value;
+  } else {
+    char* d = run.ptr[0];
+    const char* s = run.ptr[1];
+    for (int64_t i = 0; i < run.count; ++i, d += run.stride[0], s += run.stride[1])
+      *reinterpret_cast<To*>(d) = convert<To>(*reinterpret_cast<const From*>(s));
+  }
+}
+
+// True when some element of t is reachable through two indices (a size>1 dim with stride 0).
+bool has_internal_overlap(const Tensor& t) {
+  for (int64_t d = 0; d < t.ndim(); ++d)
+    if (t.shape()[d] > 1 && t.strides()[d] == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+Tensor& Tensor::copy_(const Tensor& src) {
+  check_defined("copy_");
+  TESSERA_CHECK(src.defined(), ValueError, "copy_", "source tensor is undefined");
+  TESSERA_CHECK(!has_internal_overlap(*this), ValueError, "copy_", "destination of shape ", shape_.to_string(),
+                " with strides ", strides_.to_string(), " has elements that share memory (expanded); clone it first");
+  TESSERA_CHECK(broadcast_shapes(shape_, src.shape(), "copy_") == shape_, ValueError, "copy_", "source shape ",
+                src.shape().to_string(), " does not broadcast to destination shape ", shape_.to_string());
+  if (numel() == 0) return *this;
+  if (src.dtype() == dtype_ && src.shape() == shape_ && src.is_contiguous() && is_contiguous()) {
+    std::memmove(raw_data(), src.raw_data(), static_cast<size_t>(nbytes()));
+    return *this;
+  }
+  const Tensor from = src.expand(shape_);
+  visit(dtype_, [&]<class To>(TypeTag<To>) {
+    visit(from.dtype(), [&]<class From>(TypeTag<From>) {
+      detail::strided_loop<2>(shape_, {&strides_, &from.strides()}, {detail::bytes(*this), detail::bytes(from)},
+                              {itemsize(), from.itemsize()}, copy_run<To, From>);
+    });
+  });
+  return *this;
+}
+
+Tensor& Tensor::fill_(Scalar value) {
+  check_defined("fill_");
+  visit(dtype_, [&]<class T>(TypeTag<T>) {
+    const T v = value.to<T>();
+    const Tensor source = Tensor(Storage::allocate(sizeof(T)), {}, {}, 0, dtype_);
+    *static_cast<T*>(const_cast<void*>(source.raw_data())) = v;
+    copy_(source);
+  });
+  return *this;
+}
+
+Tensor Tensor::contiguous() const {
+  check_defined("contiguous");
+  return is_contiguous() ? *this : clone();
+}
+
+Tensor Tensor::clone() const {
+  check_defined("clone");
+  Tensor out = empty(shape_, dtype_);
+  out.copy_(*this);
+  return out;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  check_defined("to");
+  if (dtype == dtype_) return *this;
+  Tensor out = empty(shape_, dtype);
+  out.copy_(*this);
+  return out;
+}
+
+template <class T>
+T Tensor::item() const {
+  check_defined("item");
+  TESSERA_CHECK(numel() == 1, ValueError, "item", "expects a tensor with one element, got shape ", shape_.to_string());
+  return visit(dtype_, [&]<class S>(TypeTag<S>) { return convert<T>(*static_cast<const S*>(raw_data())); });
+}
+
+template <class T>
+std::vector<T> Tensor::to_vector() const {
+  check_defined("to_vector");
+  const Tensor c = to(dtype_of<T>()).contiguous();
+  const T* p = static_cast<const T*>(c.raw_data());
+  return std::vector<T>(p, p + c.numel());
+}
+
+template <class T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape) {
+  for (int64_t s : shape) TESSERA_CHECK(s >= 0, ValueError, "from_vector", "negative size in shape ", shape.to_string());
+  TESSERA_CHECK(static_cast<int64_t>(values.size()) == shape.numel(), ValueError, "from_vector", "got ", values.size(),
+                " values for shape ", shape.to_string(), "; expected ", shape.numel());
+  Tensor out = empty(shape, dtype_of<T>());
+  T* p = out.data<T>();
+  for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];  // element-wise: std::vector<bool> is bit-packed
+  return out;
+}
+
+#define TESSERA_INSTANTIATE_VALUES(name, type, category)                        \
+  template type Tensor::item<type>() const;                                     \
+  template std::vector<type> Tensor::to_vector<type>() const;                   \
+  template Tensor from_vector<type>(const std::vector<type>&, const Shape&);
+TESSERA_FORALL_DTYPES(TESSERA_INSTANTIATE_VALUES)
+#undef TESSERA_INSTANTIATE_VALUES
+
+}  // namespace tessera

@@ -1,0 +1,37 @@
+#pragma once
+// Neural-network ops. Floating inputs only (ValueError naming the op otherwise); f16/bf16
+// compute in f32 and return their own dtype.
+#include <optional>
+#include <string_view>
+
+#include <tessera/core/tensor.hpp>
+
+namespace tessera {
+
+/// exp(x) / sum(exp(x)) along dim, computed stably (max subtracted).
+Tensor softmax(const Tensor& x, int64_t dim);
+/// x - logsumexp(x) along dim.
+Tensor log_softmax(const Tensor& x, int64_t dim);
+/// Normalises over the trailing dims given by normalized_shape (biased variance), then
+/// applies weight and bias (each of shape normalized_shape) when given.
+/// Throws ValueError if the trailing dims of x differ from normalized_shape or weight/bias shapes differ.
+Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const std::optional<Tensor>& weight = std::nullopt,
+                  const std::optional<Tensor>& bias = std::nullopt, double eps = 1e-5);
+/// x / sqrt(mean(x^2) + eps) over the trailing normalized_shape dims, times weight when given.
+Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const std::optional<Tensor>& weight = std::nullopt,
+                double eps = 1e-6);
+/// Rows of weight [num_embeddings, dim] picked by integer indices of any shape: result
+/// indices.shape + [dim]. Throws ValueError for non-integer indices or an index out of range.
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+
+/// How cross_entropy reduces the per-element losses.
+enum class Reduction { none, mean, sum };
+
+/// Cross entropy of logits [N, C] (or [C], or [N, C, d1, ...]) with integer class targets
+/// [N] (or [], or [N, d1, ...]). Targets equal to ignore_index contribute nothing; the mean
+/// divides by the number of non-ignored targets (NaN when there are none, as in PyTorch).
+/// Throws ValueError for mismatched shapes, non-integer targets or a target out of [0, C).
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::mean);
+
+}  // namespace tessera

@@ -1,0 +1,8 @@
+#pragma once
+// All local ops.
+#include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/linalg.hpp>
+#include <tessera/ops/nn.hpp>
+#include <tessera/ops/random.hpp>
+#include <tessera/ops/reduce.hpp>
+#include <tessera/ops/shape_ops.hpp>
