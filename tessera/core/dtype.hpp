@@ -104,8 +104,12 @@ decltype(auto) visit_floating(DType dtype, const char* op, F&& f) {
   TESSERA_CHECK(is_floating(dtype), ValueError, op, "unsupported dtype ", name(dtype),
                 "; expected a floating dtype (f32, f64, f16, bf16)");
   return visit(dtype, [&]<class T>(TypeTag<T> tag) -> decltype(auto) {
-    if constexpr (is_floating_v<T>) return f(tag);
-    else TESSERA_ASSERT(false, "unreachable");
+    if constexpr (is_floating_v<T>) {
+      return f(tag);
+    } else {  // unreachable (checked above); keeps every branch's return type that of f
+      TESSERA_ASSERT(false, "unreachable");
+      return f(TypeTag<float>{});
+    }
   });
 }
 
@@ -114,8 +118,12 @@ template <class F>
 decltype(auto) visit_numeric(DType dtype, const char* op, F&& f) {
   TESSERA_CHECK(dtype != DType::b8, ValueError, op, "unsupported dtype b8; expected a numeric dtype");
   return visit(dtype, [&]<class T>(TypeTag<T> tag) -> decltype(auto) {
-    if constexpr (!std::is_same_v<T, bool>) return f(tag);
-    else TESSERA_ASSERT(false, "unreachable");
+    if constexpr (!std::is_same_v<T, bool>) {
+      return f(tag);
+    } else {  // unreachable (checked above); keeps every branch's return type that of f
+      TESSERA_ASSERT(false, "unreachable");
+      return f(TypeTag<uint8_t>{});
+    }
   });
 }
 

@@ -1,0 +1,92 @@
+// Joins and splits. chunk/split return views; cat/stack copy into one new tensor.
+#include <tessera/ops/shape_ops.hpp>
+
+namespace tessera {
+
+namespace {
+std::string shapes_text(const std::vector<Tensor>& tensors) {
+  std::string text;
+  for (const Tensor& t : tensors) text += (text.empty() ? "" : ", ") + (t.defined() ? t.shape().to_string() : "undefined");
+  return text;
+}
+}  // namespace
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  TESSERA_CHECK(!tensors.empty(), ValueError, "cat", "expects at least one tensor");
+  for (const Tensor& t : tensors)
+    TESSERA_CHECK(t.defined() && t.ndim() > 0, ValueError, "cat", "cannot join 0-d or undefined tensors (shapes ",
+                  shapes_text(tensors), ")");
+  const Tensor& first = tensors.front();
+  const int64_t d = normalize_dim(dim, first.ndim(), "cat", first.shape());
+  Shape out_shape = first.shape();
+  DType dtype = first.dtype();
+  out_shape[d] = 0;
+  for (const Tensor& t : tensors) {
+    bool match = t.ndim() == first.ndim();
+    for (int64_t i = 0; match && i < t.ndim(); ++i) match = i == d || t.shape()[i] == first.shape()[i];
+    TESSERA_CHECK(match, ValueError, "cat", "shapes ", shapes_text(tensors), " differ outside dim ", d);
+    out_shape[d] += t.shape()[d];
+    dtype = promote_types(dtype, t.dtype());
+  }
+  Tensor out = empty(out_shape, dtype);
+  int64_t at = 0;
+  for (const Tensor& t : tensors) {
+    out.narrow(d, at, t.shape()[d]).copy_(t);
+    at += t.shape()[d];
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  TESSERA_CHECK(!tensors.empty(), ValueError, "stack", "expects at least one tensor");
+  for (const Tensor& t : tensors)
+    TESSERA_CHECK(t.defined() && t.shape() == tensors.front().shape(), ValueError, "stack",
+                  "expects tensors of equal shape, got ", shapes_text(tensors));
+  const int64_t d = normalize_dim(dim, tensors.front().ndim() + 1, "stack", tensors.front().shape());
+  std::vector<Tensor> expanded;
+  expanded.reserve(tensors.size());
+  for (const Tensor& t : tensors) expanded.push_back(t.unsqueeze(d));
+  return cat(expanded, d);
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  TESSERA_CHECK(x.defined() && x.ndim() > 0, ValueError, "split", "expects a tensor with at least 1 dim");
+  const int64_t d = normalize_dim(dim, x.ndim(), "split", x.shape());
+  TESSERA_CHECK(split_size >= 1 || (split_size == 0 && x.shape()[d] == 0), ValueError, "split", "split_size ",
+                split_size, " must be positive for shape ", x.shape().to_string());
+  std::vector<Tensor> pieces;
+  const int64_t size = x.shape()[d];
+  if (size == 0) return {x};
+  for (int64_t start = 0; start < size; start += split_size)
+    pieces.push_back(x.narrow(d, start, std::min(split_size, size - start)));
+  return pieces;
+}
+
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  TESSERA_CHECK(x.defined() && x.ndim() > 0, ValueError, "split", "expects a tensor with at least 1 dim");
+  const int64_t d = normalize_dim(dim, x.ndim(), "split", x.shape());
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    TESSERA_CHECK(s >= 0, ValueError, "split", "negative size ", s, " in split sizes");
+    total += s;
+  }
+  TESSERA_CHECK(total == x.shape()[d], ValueError, "split", "sizes ", Shape(sizes).to_string(), " add up to ", total,
+                " but dim ", d, " of shape ", x.shape().to_string(), " has ", x.shape()[d]);
+  std::vector<Tensor> pieces;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    pieces.push_back(x.narrow(d, start, s));
+    start += s;
+  }
+  return pieces;
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  TESSERA_CHECK(chunks >= 1, ValueError, "chunk", "chunks ", chunks, " must be at least 1");
+  TESSERA_CHECK(x.defined() && x.ndim() > 0, ValueError, "chunk", "expects a tensor with at least 1 dim");
+  const int64_t d = normalize_dim(dim, x.ndim(), "chunk", x.shape());
+  const int64_t size = x.shape()[d];
+  return split(x, (size + chunks - 1) / chunks, d);  // ceil: torch.chunk semantics
+}
+
+}  // namespace tessera
