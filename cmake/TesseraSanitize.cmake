@@ -4,5 +4,7 @@ function(tessera_apply_sanitizers target)
     string(REPLACE ";" "," _san "${TESSERA_SANITIZE}")
     target_compile_options(${target} PRIVATE -fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all)
     target_link_options(${target} PRIVATE -fsanitize=${_san})
+    # Sanitized builds free every block at once so use-after-free is caught (no allocator cache).
+    target_compile_definitions(${target} PRIVATE TESSERA_SANITIZED=1)
   endif()
 endfunction()

@@ -26,10 +26,19 @@ class Storage {
   Device device() const { return device_; }
 
  private:
-  Storage(void* data, int64_t nbytes, Device device) : data_(data), nbytes_(nbytes), device_(device) {}
+  Storage(void* data, int64_t nbytes, int64_t capacity, Device device)
+      : data_(data), nbytes_(nbytes), capacity_(capacity), device_(device) {}
   void* data_;
   int64_t nbytes_;
+  int64_t capacity_;  // bytes actually allocated (a size class for cached blocks)
   Device device_;
 };
+
+/// Frees the blocks the allocator keeps for reuse. Large blocks (>= 64 KiB) are cached after
+/// free, up to 1 GiB in all (TESSERA_ALLOCATOR_CACHE_MB overrides; 0 disables), because a fresh
+/// block costs a page fault per page on first touch.
+void empty_cache();
+/// Bytes currently held in the allocator's cache.
+int64_t cached_bytes();
 
 }  // namespace tessera

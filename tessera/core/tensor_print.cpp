@@ -1,6 +1,7 @@
 // Readable text for tensors, in the style PyTorch users know; large tensors are summarised.
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 #include <vector>
 
@@ -20,14 +21,40 @@ struct Printer {
   bool summarise;
   int width = 0;
 
+  // Floats as PyTorch prints them: "1." when every value is integral, fixed with 4 decimals
+  // for moderate magnitudes, scientific otherwise.
+  enum class FloatMode { integral, fixed, scientific } float_mode = FloatMode::fixed;
+
+  void choose_float_mode() {
+    if (integral) return;
+    double max_abs = 0, min_abs = INFINITY;
+    bool all_integral = true;
+    const double* p = values.data<double>();
+    for (int64_t i = 0; i < values.numel(); ++i) {
+      if (!std::isfinite(p[i])) continue;
+      const double a = std::abs(p[i]);
+      max_abs = std::max(max_abs, a);
+      if (a > 0) min_abs = std::min(min_abs, a);
+      all_integral = all_integral && std::nearbyint(p[i]) == p[i];
+    }
+    if (all_integral && max_abs < 1e8) float_mode = FloatMode::integral;
+    else if (max_abs < 1e8 && (min_abs >= 1e-4 || min_abs == INFINITY)) float_mode = FloatMode::fixed;
+    else float_mode = FloatMode::scientific;
+  }
+
   std::string format_value(int64_t flat) const {
     std::ostringstream out;
-    if (boolean) out << (values.data<int64_t>()[flat] ? "true" : "false");
-    else if (integral) out << values.data<int64_t>()[flat];
-    else {
+    if (boolean) {
+      out << (values.data<int64_t>()[flat] ? "true" : "false");
+    } else if (integral) {
+      out << values.data<int64_t>()[flat];
+    } else {
       const double v = values.data<double>()[flat];
-      out.precision(6);
-      out << v;
+      if (std::isnan(v)) return "nan";
+      if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+      if (float_mode == FloatMode::integral) out << std::fixed << std::setprecision(0) << v << '.';
+      else if (float_mode == FloatMode::fixed) out << std::fixed << std::setprecision(4) << v;
+      else out << std::scientific << std::setprecision(4) << v;
     }
     return out.str();
   }
@@ -65,9 +92,10 @@ struct Printer {
     }
     const int64_t stride = values.strides()[dim];
     const bool innermost = dim + 1 == shape.size();
-    const std::string separator =
-        innermost ? ", " : "," + std::string(static_cast<size_t>(shape.size() - dim - 1), '\n') +
-                               std::string(static_cast<size_t>(indent + 1), ' ');
+    // Inner rows: ", "; outer rows: a newline per nesting level, then the indent.
+    std::string separator = ",";
+    if (innermost) separator += ' ';
+    else separator.append(static_cast<size_t>(shape.size() - dim - 1), '\n').append(static_cast<size_t>(indent + 1), ' ');
     out << '[';
     bool first = true;
     for (int64_t i : shown(shape[dim])) {
@@ -87,6 +115,7 @@ std::string Tensor::to_string() const {
   const bool integral = !is_floating(dtype_);
   const Tensor values = to(integral ? DType::i64 : DType::f64).contiguous();
   Printer printer{values, integral, dtype_ == DType::b8, numel() > kSummariseAbove};
+  printer.choose_float_mode();
   printer.measure(0, 0);
   std::ostringstream out;
   out << "tensor(";

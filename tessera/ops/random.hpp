@@ -28,10 +28,14 @@ struct RandomDraw {
   uint64_t offset = 0;  ///< stream position: each draw from a Generator takes the next offset
 };
 
+/// Seed of every thread's default generator until manual_seed: 0, so programs are reproducible
+/// by default (each rank thread starts from the same (seed, offset) = (0, 0)).
+inline constexpr uint64_t kDefaultSeed = 0;
+
 /// Seed and offset of the draws of one thread. Each draw takes the current offset and advances it.
 class Generator {
  public:
-  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  explicit Generator(uint64_t seed = kDefaultSeed) : seed_(seed) {}
   void manual_seed(uint64_t seed) {
     seed_ = seed;
     offset_ = 0;
@@ -49,24 +53,36 @@ class Generator {
   uint64_t offset_ = 0;
 };
 
-/// The calling thread's generator (each in-process rank is a thread with its own).
+/// The calling thread's generator (each in-process rank is a thread with its own); it starts
+/// at seed kDefaultSeed, offset 0.
 Generator& default_generator();
 /// Seeds the calling thread's generator and resets its offset.
 void manual_seed(uint64_t seed);
 
 /// The block [begin, begin + block_shape) of the global random tensor `draw` of global_shape,
-/// generated without generating the rest. Throws ValueError if the block leaves the global shape.
+/// generated without generating the rest; a contiguous tensor of block_shape and draw.dtype.
+/// Pure: equals the same narrow() of random_block(draw, global_shape, zeros, global_shape) bit
+/// for bit. Throws ValueError if begin or block_shape do not have global_shape's rank, the block
+/// leaves the global shape, the dtype does not fit the distribution (uniform and normal need a
+/// floating dtype) or the parameters are invalid (uniform: finite a <= b; normal: finite mean,
+/// finite std >= 0; bernoulli: 0 <= a <= 1).
 Tensor random_block(const RandomDraw& draw, const Shape& global_shape, const Shape& begin, const Shape& block_shape);
 
-/// Uniform in [0, 1). Floating dtypes only.
+/// Uniform in [0, 1) (never 1, in every dtype). Takes one draw from the calling thread's
+/// generator. Throws ValueError for a non-floating dtype or a negative size.
 Tensor rand(const Shape& shape, DType dtype = DType::f32);
-/// Standard normal. Floating dtypes only.
+/// Standard normal. Takes one draw from the calling thread's generator. Throws ValueError for a
+/// non-floating dtype or a negative size.
 Tensor randn(const Shape& shape, DType dtype = DType::f32);
-/// 1 with probability p, else 0. Throws ValueError if p is outside [0, 1].
+/// 1 with probability p, else 0, in any dtype. Takes one draw from the calling thread's
+/// generator. Throws ValueError if p is outside [0, 1] or a size is negative.
 Tensor bernoulli(const Shape& shape, double p, DType dtype = DType::f32);
-/// Keep-mask for dropout: true with probability 1 - p (b8).
+/// Keep-mask for dropout: true with probability 1 - p (b8). Takes one draw from the calling
+/// thread's generator. Throws ValueError if p is outside [0, 1] or a size is negative.
 Tensor dropout_mask(const Shape& shape, double p);
-/// x * mask / (1 - p) when training, x otherwise. Throws ValueError if p is outside [0, 1).
+/// x * mask / (1 - p) when training (mask = dropout_mask(x.shape(), p), so one draw), x itself
+/// otherwise or when p == 0 (no draw). Floating x only; the result is contiguous, in x's dtype.
+/// Throws ValueError if x is undefined or not floating, or p is outside [0, 1).
 Tensor dropout(const Tensor& x, double p, bool training = true);
 
 }  // namespace tessera

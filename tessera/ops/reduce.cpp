@@ -122,7 +122,8 @@ Tensor reduce(const char* name, const Tensor& x, const std::vector<int64_t>& dim
   Tensor acc = full(r.kept_shape, identity, acc_dtype);
   visit(x.dtype(), [&]<class T>(TypeTag<T>) {
     visit(acc_dtype, [&]<class Acc>(TypeTag<Acc>) {
-      if constexpr (std::is_same_v<Acc, double> || std::is_same_v<Acc, int64_t> || std::is_same_v<Acc, compute_t<T>>)
+      // Only the accumulators the callers ask for (f64 or i64) are instantiated.
+      if constexpr (std::is_same_v<Acc, double> || std::is_same_v<Acc, int64_t>)
         fold<T, Acc>(x, acc, op);
       else
         TESSERA_ASSERT(false, name, ": accumulator ", tessera::name(acc_dtype), " for ", tessera::name(x.dtype()));
