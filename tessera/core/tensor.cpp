@@ -73,20 +73,26 @@ bool view_strides(const Shape& old_shape, const Strides& old_strides, const Shap
   return view_d == -1;
 }
 
+// Throws ValueError naming op unless (shape, strides, offset) is a valid view of storage.
+void check_view(const Storage* storage, const Shape& shape, const Strides& strides, int64_t offset, DType dtype,
+                const char* op) {
+  TESSERA_CHECK(storage != nullptr, ValueError, op, "null storage");
+  TESSERA_CHECK(shape.size() == strides.size(), ValueError, op, "shape ", shape.to_string(), " and strides ",
+                strides.to_string(), " differ in length");
+  for (int64_t s : shape) TESSERA_CHECK(s >= 0, ValueError, op, "negative size in shape ", shape.to_string());
+  if (shape.numel() > 0) {
+    const auto [lo, hi] = extent(shape, strides, offset);
+    TESSERA_CHECK(lo >= 0 && (hi + 1) * tessera::itemsize(dtype) <= storage->nbytes(), ValueError, op, "view shape ",
+                  shape.to_string(), " strides ", strides.to_string(), " offset ", offset,
+                  " reaches outside its storage of ", storage->nbytes(), " bytes");
+  }
+}
+
 }  // namespace
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, Strides strides, int64_t offset, DType dtype)
     : storage_(std::move(storage)), shape_(std::move(shape)), strides_(std::move(strides)), offset_(offset), dtype_(dtype) {
-  TESSERA_CHECK(storage_ != nullptr, ValueError, "Tensor", "null storage");
-  TESSERA_CHECK(shape_.size() == strides_.size(), ValueError, "Tensor", "shape ", shape_.to_string(), " and strides ",
-                strides_.to_string(), " differ in length");
-  for (int64_t s : shape_) TESSERA_CHECK(s >= 0, ValueError, "Tensor", "negative size in shape ", shape_.to_string());
-  if (shape_.numel() > 0) {
-    const auto [lo, hi] = extent(shape_, strides_, offset_);
-    TESSERA_CHECK(lo >= 0 && (hi + 1) * tessera::itemsize(dtype_) <= storage_->nbytes(), ValueError, "Tensor",
-                  "view shape ", shape_.to_string(), " strides ", strides_.to_string(), " offset ", offset_,
-                  " reaches outside its storage of ", storage_->nbytes(), " bytes");
-  }
+  check_view(storage_.get(), shape_, strides_, offset_, dtype_, "Tensor");
 }
 
 void Tensor::check_defined(const char* op) const {
@@ -100,10 +106,12 @@ void Tensor::check_dtype(DType expected, const char* op) const {
 }
 
 int64_t Tensor::size(int64_t dim) const {
+  check_defined("size");
   TESSERA_CHECK(ndim() > 0, ValueError, "size", "a 0-d tensor has no dims");
   return shape_[normalize_dim(dim, ndim(), "size", shape_)];
 }
 int64_t Tensor::stride(int64_t dim) const {
+  check_defined("stride");
   TESSERA_CHECK(ndim() > 0, ValueError, "stride", "a 0-d tensor has no dims");
   return strides_[normalize_dim(dim, ndim(), "stride", shape_)];
 }
@@ -138,6 +146,7 @@ const void* Tensor::raw_data() const {
 
 Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t offset) const {
   check_defined("as_strided");
+  check_view(storage_.get(), shape, strides, offset, dtype_, "as_strided");  // so errors name as_strided
   return Tensor(storage_, shape, strides, offset, dtype_);
 }
 
@@ -172,6 +181,7 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
 }
 
 Tensor Tensor::t() const {
+  check_defined("t");
   TESSERA_CHECK(ndim() <= 2, ValueError, "t", "expects a tensor with <= 2 dims, got shape ", shape_.to_string());
   return ndim() < 2 ? *this : transpose(0, 1);
 }

@@ -16,7 +16,8 @@ namespace tessera {
 
 /// A cheap, copyable handle on shared storage with shape, strides (in elements) and offset.
 /// Copies of a handle alias the same data; views (reshape, transpose, narrow, ...) never copy.
-/// A default-constructed Tensor is undefined: every use but defined() throws ValueError.
+/// A default-constructed Tensor is undefined: views, copies, data access and every op throw
+/// ValueError; the inline metadata accessors (shape, dtype, ...) return those of a 0-d f32 tensor.
 /// Example: `Tensor x = arange(6).reshape({2, 3});` prints `tensor([[0, 1, 2], [3, 4, 5]], dtype=i64)`.
 class Tensor {
  public:

@@ -1,5 +1,6 @@
 // Copies between tensors: the strided, converting copy kernel and what is built on it.
 #include <cstring>
+#include <utility>
 
 #include <tessera/core/detail/strided_loop.hpp>
 #include <tessera/core/tensor.hpp>
@@ -33,6 +34,23 @@ bool has_internal_overlap(const Tensor& t) {
   return false;
 }
 
+// True when src and dst touch some of the same bytes but are not the same view, so an
+// element-by-element copy could read an element it has already overwritten.
+bool partially_overlaps(const Tensor& dst, const Tensor& src) {
+  if (dst.storage() != src.storage() || dst.numel() == 0 || src.numel() == 0 || dst.is_same(src)) return false;
+  auto byte_range = [](const Tensor& t) {
+    int64_t lo = t.offset(), hi = t.offset();
+    for (int64_t d = 0; d < t.ndim(); ++d) {
+      const int64_t reach = (t.shape()[d] - 1) * t.strides()[d];
+      (reach < 0 ? lo : hi) += reach;
+    }
+    return std::pair{lo * t.itemsize(), (hi + 1) * t.itemsize()};
+  };
+  const auto [dst_lo, dst_hi] = byte_range(dst);
+  const auto [src_lo, src_hi] = byte_range(src);
+  return dst_lo < src_hi && src_lo < dst_hi;
+}
+
 }  // namespace
 
 Tensor& Tensor::copy_(const Tensor& src) {
@@ -47,6 +65,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
     std::memmove(raw_data(), src.raw_data(), static_cast<size_t>(nbytes()));
     return *this;
   }
+  if (partially_overlaps(*this, src)) return copy_(src.clone());  // e.g. x.copy_(x.t())
   const Tensor from = src.expand(shape_);
   visit(dtype_, [&]<class To>(TypeTag<To>) {
     visit(from.dtype(), [&]<class From>(TypeTag<From>) {

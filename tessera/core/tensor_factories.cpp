@@ -33,9 +33,17 @@ Tensor full(const Shape& shape, Scalar value, DType dtype) {
   return out;
 }
 
-Tensor empty_like(const Tensor& like) { return empty(like.shape(), like.dtype()); }
-Tensor zeros_like(const Tensor& like) { return zeros(like.shape(), like.dtype()); }
-Tensor ones_like(const Tensor& like) { return ones(like.shape(), like.dtype()); }
+namespace {
+// An undefined tensor has no shape to copy; without this check *_like would return a 0-d f32.
+const Tensor& check_like(const Tensor& like, const char* op) {
+  TESSERA_CHECK(like.defined(), ValueError, op, "tensor is undefined (default-constructed)");
+  return like;
+}
+}  // namespace
+
+Tensor empty_like(const Tensor& like) { return empty(check_like(like, "empty_like").shape(), like.dtype()); }
+Tensor zeros_like(const Tensor& like) { return zeros(check_like(like, "zeros_like").shape(), like.dtype()); }
+Tensor ones_like(const Tensor& like) { return ones(check_like(like, "ones_like").shape(), like.dtype()); }
 
 Tensor scalar_tensor(Scalar value, DType dtype) { return full({}, value, dtype); }
 
@@ -48,7 +56,11 @@ Tensor arange(double start, double end, double step, DType dtype) {
   TESSERA_CHECK(step != 0, ValueError, "arange", "step must be non-zero");
   TESSERA_CHECK(std::isfinite(start) && std::isfinite(end) && std::isfinite(step), ValueError, "arange",
                 "non-finite bounds (start ", start, ", end ", end, ", step ", step, ")");
-  const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((end - start) / step)));
+  const double count = std::ceil((end - start) / step);  // may be inf when end - start overflows
+  // Checked before the cast, which would be undefined (and in practice wrap to an empty tensor).
+  TESSERA_CHECK(count <= 0x1p62, ValueError, "arange", "too many elements (", count, ") for start ", start, ", end ",
+                end, ", step ", step);
+  const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(count));
   Tensor out = empty({n}, dtype);
   visit(dtype, [&]<class T>(TypeTag<T>) {
     T* p = out.data<T>();
@@ -90,7 +102,9 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool e
   return all_pairs(a, b, "allclose", [&](double x, double y) {
     if (std::isnan(x) || std::isnan(y)) return equal_nan && std::isnan(x) && std::isnan(y);
     if (x == y) return true;  // equal infinities
-    return std::abs(x - y) <= atol + rtol * std::abs(y);
+    // An infinite difference is never close, even when rtol * |y| is infinite too (x finite, y inf).
+    const double diff = std::abs(x - y);
+    return std::isfinite(diff) && diff <= atol + rtol * std::abs(y);
   });
 }
 

@@ -8,20 +8,24 @@
 
 namespace tessera {
 
-/// exp(x) / sum(exp(x)) along dim, computed stably (max subtracted).
+/// exp(x) / sum(exp(x)) along dim, computed stably (max subtracted); a row of -inf gives NaN.
+/// A 0-d input takes dim 0 or -1. Throws ValueError if dim is out of range.
 Tensor softmax(const Tensor& x, int64_t dim);
-/// x - logsumexp(x) along dim.
+/// x - logsumexp(x) along dim (max subtracted first). Throws ValueError if dim is out of range.
 Tensor log_softmax(const Tensor& x, int64_t dim);
 /// Normalises over the trailing dims given by normalized_shape (biased variance), then
 /// applies weight and bias (each of shape normalized_shape) when given.
-/// Throws ValueError if the trailing dims of x differ from normalized_shape or weight/bias shapes differ.
+/// Throws ValueError if normalized_shape is empty or differs from the trailing dims of x, or if
+/// weight/bias differ from normalized_shape in shape or from x in dtype.
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const std::optional<Tensor>& weight = std::nullopt,
                   const std::optional<Tensor>& bias = std::nullopt, double eps = 1e-5);
 /// x / sqrt(mean(x^2) + eps) over the trailing normalized_shape dims, times weight when given.
+/// Throws ValueError as layer_norm does.
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const std::optional<Tensor>& weight = std::nullopt,
                 double eps = 1e-6);
 /// Rows of weight [num_embeddings, dim] picked by integer indices of any shape: result
-/// indices.shape + [dim]. Throws ValueError for non-integer indices or an index out of range.
+/// indices.shape + [dim], of weight's dtype (any dtype). Throws ValueError if weight is not 2-d,
+/// for non-integer indices (i32, i64, u8 accepted) or for an index out of [0, num_embeddings).
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 
 /// How cross_entropy reduces the per-element losses.
@@ -30,6 +34,7 @@ enum class Reduction { none, mean, sum };
 /// Cross entropy of logits [N, C] (or [C], or [N, C, d1, ...]) with integer class targets
 /// [N] (or [], or [N, d1, ...]). Targets equal to ignore_index contribute nothing; the mean
 /// divides by the number of non-ignored targets (NaN when there are none, as in PyTorch).
+/// Returns logits' dtype: 0-d for mean and sum, target's shape for none (0 where ignored).
 /// Throws ValueError for mismatched shapes, non-integer targets or a target out of [0, C).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);

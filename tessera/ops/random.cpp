@@ -38,7 +38,6 @@
 // per element; the per-element transform is a lambda inlined into the loop.
 #include <tessera/ops/random.hpp>
 
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -133,13 +132,18 @@ struct UniformMap {
 template <int PerBlock, class T, class Value>
 void fill_run(T* out, uint64_t first, int64_t count, Key key, uint64_t offset, const Value& value) {
   uint64_t block = first / PerBlock;
-  int slot = static_cast<int>(first % PerBlock);
   int64_t k = 0;
-  while (k < count) {
+  if (const int head = static_cast<int>(first % PerBlock); head != 0) {  // the tail of a block
+    const Lanes lanes = philox_rounds(counter_of(block++, offset), key);
+    for (int slot = head; slot < PerBlock && k < count; ++slot, ++k) out[k] = value(lanes, slot);
+  }
+  for (; count - k >= PerBlock; k += PerBlock) {  // whole blocks
+    const Lanes lanes = philox_rounds(counter_of(block++, offset), key);
+    for (int slot = 0; slot < PerBlock; ++slot) out[k + slot] = value(lanes, slot);
+  }
+  if (k < count) {  // the head of a block
     const Lanes lanes = philox_rounds(counter_of(block, offset), key);
-    for (; slot < PerBlock && k < count; ++slot, ++k) out[k] = value(lanes, slot);
-    slot = 0;
-    ++block;
+    for (int slot = 0; k < count; ++slot, ++k) out[k] = value(lanes, slot);
   }
 }
 
@@ -277,10 +281,16 @@ Tensor random_block(const RandomDraw& draw, const Shape& global_shape, const Sha
           });
         } else {
           constexpr int digits = uniform_digits<T>();
-          constexpr double scale = 1.0 / static_cast<double>(uint64_t{1} << digits);
-          fill.template operator()<4>([&map](const Lanes& lanes, int slot) {
-            return map(static_cast<double>(lanes[slot] >> (32 - digits)) * scale);
-          });
+          constexpr float scale = 1.0f / static_cast<float>(uint32_t{1} << digits);
+          if (map.unit) {  // the common case: exact in float, no range mapping
+            fill.template operator()<4>([](const Lanes& lanes, int slot) {
+              return static_cast<T>(static_cast<float>(lanes[slot] >> (32 - digits)) * scale);
+            });
+          } else {
+            fill.template operator()<4>([&map](const Lanes& lanes, int slot) {
+              return map(static_cast<double>(lanes[slot] >> (32 - digits)) * scale);
+            });
+          }
         }
       } else {  // normal
         const double mean = draw.a;
