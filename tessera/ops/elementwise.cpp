@@ -113,10 +113,20 @@ Tensor comparison(const char* op_name, const Tensor& a, const Tensor& b, const O
   return binary(op_name, a, b, promote_types(a.dtype(), b.dtype()), DType::b8, op);
 }
 
-// A scalar operand as a 0-d tensor of the dtype the op computes in.
-Tensor scalar_for(const Tensor& x, Scalar s, const char* op) {
+// Applies f to x and a scalar (as a 0-d tensor of the dtype the op computes in). With an
+// f16/bf16 result the op runs in f32 and rounds once, as PyTorch does: rounding the scalar to
+// 16 bits first would round twice (f16 * 0.1 differed from PyTorch for a third of inputs).
+template <class F>
+Tensor with_scalar(const Tensor& x, Scalar s, const char* op, bool scalar_first, F&& f) {
   check_defined(x, op);
-  return scalar_tensor(s, s.result_dtype(x.dtype()));
+  const DType dt = s.result_dtype(x.dtype());
+  if (dt == DType::f16 || dt == DType::bf16) {
+    const Tensor xs = x.to(DType::f32), st = scalar_tensor(s, DType::f32);
+    const Tensor r = scalar_first ? f(st, xs) : f(xs, st);
+    return r.dtype() == DType::f32 ? r.to(dt) : r;
+  }
+  const Tensor st = scalar_tensor(s, dt);
+  return scalar_first ? f(st, x) : f(x, st);
 }
 
 DType floating_or_f32(DType dtype) { return is_floating(dtype) ? dtype : DType::f32; }
@@ -183,18 +193,46 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 Tensor maximum(const Tensor& a, const Tensor& b) { return arithmetic("maximum", a, b, Maximum{}); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return arithmetic("minimum", a, b, Minimum{}); }
 
-Tensor add(const Tensor& a, Scalar b) { return add(a, scalar_for(a, b, "add")); }
-Tensor add(Scalar a, const Tensor& b) { return add(scalar_for(b, a, "add"), b); }
-Tensor sub(const Tensor& a, Scalar b) { return sub(a, scalar_for(a, b, "sub")); }
-Tensor sub(Scalar a, const Tensor& b) { return sub(scalar_for(b, a, "sub"), b); }
-Tensor mul(const Tensor& a, Scalar b) { return mul(a, scalar_for(a, b, "mul")); }
-Tensor mul(Scalar a, const Tensor& b) { return mul(scalar_for(b, a, "mul"), b); }
-Tensor div(const Tensor& a, Scalar b) { return div(a, scalar_for(a, b, "div")); }
-Tensor div(Scalar a, const Tensor& b) { return div(scalar_for(b, a, "div"), b); }
-Tensor pow(const Tensor& a, Scalar b) { return pow(a, scalar_for(a, b, "pow")); }
-Tensor pow(Scalar a, const Tensor& b) { return pow(scalar_for(b, a, "pow"), b); }
-Tensor maximum(const Tensor& a, Scalar b) { return maximum(a, scalar_for(a, b, "maximum")); }
-Tensor minimum(const Tensor& a, Scalar b) { return minimum(a, scalar_for(a, b, "minimum")); }
+Tensor add(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "add", false, [](const Tensor& x, const Tensor& y) { return add(x, y); });
+}
+Tensor add(Scalar a, const Tensor& b) {
+  return with_scalar(b, a, "add", true, [](const Tensor& x, const Tensor& y) { return add(x, y); });
+}
+Tensor sub(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "sub", false, [](const Tensor& x, const Tensor& y) { return sub(x, y); });
+}
+Tensor sub(Scalar a, const Tensor& b) {
+  return with_scalar(b, a, "sub", true, [](const Tensor& x, const Tensor& y) { return sub(x, y); });
+}
+Tensor mul(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "mul", false, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
+}
+Tensor mul(Scalar a, const Tensor& b) {
+  return with_scalar(b, a, "mul", true, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
+}
+Tensor div(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "div", false, [](const Tensor& x, const Tensor& y) { return div(x, y); });
+}
+Tensor div(Scalar a, const Tensor& b) {
+  return with_scalar(b, a, "div", true, [](const Tensor& x, const Tensor& y) { return div(x, y); });
+}
+Tensor pow(const Tensor& a, Scalar b) {
+  // Checked before the scalar takes a's dtype: as u8, -1 would wrap to 255 and pass pow's check.
+  check_defined(a, "pow");
+  TESSERA_CHECK(b.is_floating() || is_floating(a.dtype()) || b.to_int() >= 0, ValueError, "pow", "integer base of shape ",
+                a.shape().to_string(), " raised to a negative integer exponent; convert to a floating dtype first");
+  return with_scalar(a, b, "pow", false, [](const Tensor& x, const Tensor& y) { return pow(x, y); });
+}
+Tensor pow(Scalar a, const Tensor& b) {
+  return with_scalar(b, a, "pow", true, [](const Tensor& x, const Tensor& y) { return pow(x, y); });
+}
+Tensor maximum(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "maximum", false, [](const Tensor& x, const Tensor& y) { return maximum(x, y); });
+}
+Tensor minimum(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "minimum", false, [](const Tensor& x, const Tensor& y) { return minimum(x, y); });
+}
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
@@ -216,15 +254,30 @@ Tensor lt(const Tensor& a, const Tensor& b) { return comparison("lt", a, b, Lt{}
 Tensor le(const Tensor& a, const Tensor& b) { return comparison("le", a, b, Le{}); }
 Tensor gt(const Tensor& a, const Tensor& b) { return comparison("gt", a, b, Gt{}); }
 Tensor ge(const Tensor& a, const Tensor& b) { return comparison("ge", a, b, Ge{}); }
-Tensor eq(const Tensor& a, Scalar b) { return eq(a, scalar_for(a, b, "eq")); }
-Tensor ne(const Tensor& a, Scalar b) { return ne(a, scalar_for(a, b, "ne")); }
-Tensor lt(const Tensor& a, Scalar b) { return lt(a, scalar_for(a, b, "lt")); }
-Tensor le(const Tensor& a, Scalar b) { return le(a, scalar_for(a, b, "le")); }
-Tensor gt(const Tensor& a, Scalar b) { return gt(a, scalar_for(a, b, "gt")); }
-Tensor ge(const Tensor& a, Scalar b) { return ge(a, scalar_for(a, b, "ge")); }
+Tensor eq(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "eq", false, [](const Tensor& x, const Tensor& y) { return eq(x, y); });
+}
+Tensor ne(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "ne", false, [](const Tensor& x, const Tensor& y) { return ne(x, y); });
+}
+Tensor lt(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "lt", false, [](const Tensor& x, const Tensor& y) { return lt(x, y); });
+}
+Tensor le(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "le", false, [](const Tensor& x, const Tensor& y) { return le(x, y); });
+}
+Tensor gt(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "gt", false, [](const Tensor& x, const Tensor& y) { return gt(x, y); });
+}
+Tensor ge(const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "ge", false, [](const Tensor& x, const Tensor& y) { return ge(x, y); });
+}
 Tensor logical_and(const Tensor& a, const Tensor& b) { return comparison("logical_and", a, b, And{}); }
 Tensor logical_or(const Tensor& a, const Tensor& b) { return comparison("logical_or", a, b, Or{}); }
-Tensor logical_not(const Tensor& a) { return eq(a.to(DType::b8), scalar_tensor(false, DType::b8)); }
+Tensor logical_not(const Tensor& a) {
+  check_defined(a, "logical_not");
+  return eq(a.to(DType::b8), scalar_tensor(false, DType::b8));
+}
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_defined(cond, "where");
@@ -241,8 +294,12 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   });
   return result;
 }
-Tensor where(const Tensor& cond, const Tensor& a, Scalar b) { return where(cond, a, scalar_for(a, b, "where")); }
-Tensor where(const Tensor& cond, Scalar a, const Tensor& b) { return where(cond, scalar_for(b, a, "where"), b); }
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
+  return with_scalar(a, b, "where", false, [&](const Tensor& x, const Tensor& y) { return where(cond, x, y); });
+}
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b) {
+  return with_scalar(b, a, "where", true, [&](const Tensor& x, const Tensor& y) { return where(cond, x, y); });
+}
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
   check_defined(x, "masked_fill");

@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <mutex>
@@ -39,11 +40,11 @@ bool blas_layout(const Tensor& m, BlasOperand& op) {
   const int64_t rs = m.strides()[0], cs = m.strides()[1];
   if ((cs == 1 || cols == 1) && (rs >= std::max<int64_t>(cols, 1) || rows == 1)) {
     op = {CblasNoTrans, std::max<int64_t>(rows == 1 ? cols : rs, 1)};
-    return true;
+    return op.ld <= INT_MAX;  // BLAS takes 32-bit strides: larger ones go through a copy
   }
   if ((rs == 1 || rows == 1) && (cs >= std::max<int64_t>(rows, 1) || cols == 1)) {
     op = {CblasTrans, std::max<int64_t>(cols == 1 ? rows : cs, 1)};
-    return true;
+    return op.ld <= INT_MAX;
   }
   return false;
 }
@@ -140,6 +141,15 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   TESSERA_CHECK(k == kb, ValueError, "matmul", "inner dims differ: ", a_in.shape().to_string(), " @ ",
                 b_in.shape().to_string(), " (", k, " vs ", kb, ")");
   const Shape a_batch(a.shape().data(), a.ndim() - 2), b_batch(b.shape().data(), b.ndim() - 2);
+  // Checked here so the message names both operands, not only their batch dims.
+  bool batch_ok = true;
+  for (int64_t i = 1; i <= std::min(a_batch.size(), b_batch.size()); ++i) {
+    const int64_t da = a_batch[a_batch.size() - i], db = b_batch[b_batch.size() - i];
+    batch_ok = batch_ok && (da == db || da == 1 || db == 1);
+  }
+  TESSERA_CHECK(batch_ok, ValueError, "matmul", "batch dims of ", a_in.shape().to_string(), " @ ",
+                b_in.shape().to_string(), " cannot be broadcast together (", a_batch.to_string(), " vs ",
+                b_batch.to_string(), ")");
   const Shape batch = broadcast_shapes(a_batch, b_batch, "matmul");
   Shape out_shape = batch;
   out_shape.push_back(m);
@@ -176,6 +186,8 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   TESSERA_CHECK(a.ndim() == 3 && b.ndim() == 3 && a.shape()[0] == b.shape()[0], ValueError, "bmm",
                 "expects two 3-d tensors with equal batch size, got ", a.shape().to_string(), " and ",
                 b.shape().to_string());
+  TESSERA_CHECK(a.shape()[2] == b.shape()[1], ValueError, "bmm", "inner dims differ: ", a.shape().to_string(), " @ ",
+                b.shape().to_string(), " (", a.shape()[2], " vs ", b.shape()[1], ")");
   return matmul(a, b);
 }
 
@@ -186,7 +198,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
   const int64_t in = weight.shape()[1], out_features = weight.shape()[0];
   TESSERA_CHECK(x.shape()[x.ndim() - 1] == in, ValueError, "linear", "input shape ", x.shape().to_string(),
                 " does not end in in_features ", in, " of weight ", weight.shape().to_string());
-  if (!bias) return matmul(x, weight.t());
+  if (!bias) {
+    gemm_dtype(promote_types(x.dtype(), weight.dtype()), "linear", x, weight);  // name linear, not matmul
+    return matmul(x, weight.t());
+  }
   TESSERA_CHECK(bias->defined() && bias->ndim() == 1 && bias->shape()[0] == out_features, ValueError, "linear",
                 "bias shape ", bias->defined() ? bias->shape().to_string() : "undefined", " must be [",
                 out_features, "] for weight ", weight.shape().to_string());
@@ -197,9 +212,12 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
   Shape out_shape = x.shape();
   out_shape[out_shape.size() - 1] = out_features;
   Tensor out = empty(out_shape, dt);
-  Tensor out2 = out.view({-1, out_features});
+  // Rows counted explicitly: a -1 cannot be inferred when in or out_features is 0.
+  int64_t rows = 1;
+  for (int64_t d = 0; d + 1 < x.ndim(); ++d) rows *= x.shape()[d];
+  Tensor out2 = out.view({rows, out_features});
   out2.copy_(*bias);
-  gemm_2d(x.to(dt).reshape({-1, in}), weight.to(dt).t(), out2, 1.0);
+  gemm_2d(x.to(dt).reshape({rows, in}), weight.to(dt).t(), out2, 1.0);
   return out.to(out_dtype);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include <tessera/core/detail/strided_loop.hpp>
 #include <tessera/ops/elementwise.hpp>
@@ -65,8 +66,17 @@ Acc sum_contiguous(const T* x, int64_t n, Acc total) {
   return total;
 }
 
+// Integer sums wrap like add (through the unsigned type: signed overflow is undefined in C++).
 struct SumOp {
-  template <class A> A operator()(A a, A b) const { return a + b; }
+  template <class A>
+  A operator()(A a, A b) const {
+    if constexpr (std::is_integral_v<A> && std::is_signed_v<A>) {
+      using U = std::make_unsigned_t<A>;
+      return static_cast<A>(static_cast<U>(a) + static_cast<U>(b));
+    } else {
+      return a + b;
+    }
+  }
 };
 struct ProdOp {
   template <class A> A operator()(A a, A b) const { return a * b; }
@@ -136,7 +146,6 @@ Tensor reduce(const char* name, const Tensor& x, const std::vector<int64_t>& dim
 DType float_acc(DType dtype) { return is_floating(dtype) ? DType::f64 : DType::i64; }
 
 void check_nonempty(const char* op, const Tensor& x, const ReducedDims& r) {
-  TESSERA_CHECK(r.count > 0 || x.numel() == 0 ? r.count > 0 : true, ValueError, op, "");
   TESSERA_CHECK(r.count > 0, ValueError, op, "cannot reduce over zero elements (input shape ", x.shape().to_string(),
                 "); the operation has no identity");
 }
@@ -167,8 +176,18 @@ Tensor arg_extremum(const char* name, const Tensor& x, std::optional<int64_t> di
   } else {
     const int64_t d = normalize_dim(*dim, x.ndim(), name, x.shape());
     if (x.ndim() == 0) return zeros({}, DType::i64);
-    const Tensor moved = x.transpose(d, -1).contiguous();
-    rows = moved.reshape({-1, x.shape()[d]});
+    // Move d last keeping the other dims in order (a transpose would swap d with the last dim
+    // and lay the rows out in the wrong order); the row count is explicit because -1 cannot be
+    // inferred when dim d has size 0.
+    std::vector<int64_t> order;
+    int64_t outer = 1;
+    for (int64_t i = 0; i < x.ndim(); ++i) {
+      if (i == d) continue;
+      order.push_back(i);
+      outer *= x.shape()[i];
+    }
+    order.push_back(d);
+    rows = x.permute(order).contiguous().reshape({outer, x.shape()[d]});
     out_shape = x.shape();
     if (keepdim) out_shape[d] = 1;
     else out_shape.erase(d);

@@ -86,6 +86,8 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   TESSERA_CHECK(x.defined() && x.ndim() > 0, ValueError, "chunk", "expects a tensor with at least 1 dim");
   const int64_t d = normalize_dim(dim, x.ndim(), "chunk", x.shape());
   const int64_t size = x.shape()[d];
+  // torch.chunk: an empty dim still gives `chunks` (empty) pieces; split would give one.
+  if (size == 0) return std::vector<Tensor>(static_cast<size_t>(chunks), x);
   return split(x, (size + chunks - 1) / chunks, d);  // ceil: torch.chunk semantics
 }
 
