@@ -5,10 +5,13 @@
 
 #include <tessera/core/dtype.hpp>
 
+#include <test_util.hpp>
+
 using namespace tessera;
+using namespace tessera::testing;
 
 TEST(DType, NamesRoundTrip) {
-  for (DType d : {DType::f32, DType::f64, DType::f16, DType::bf16, DType::i32, DType::i64, DType::u8, DType::b8})
+  for (DType d : all_dtypes())
     EXPECT_EQ(dtype_from_string(name(d)), d);
   EXPECT_EQ(name(DType::bf16), "bf16");
   EXPECT_EQ(itemsize(DType::f16), 2);
@@ -17,12 +20,7 @@ TEST(DType, NamesRoundTrip) {
 }
 
 TEST(DType, UnknownNameThrows) {
-  try {
-    dtype_from_string("f8");
-    FAIL() << "expected ValueError";
-  } catch (const ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("[dtype_from_string] unknown dtype 'f8'"), std::string::npos) << e.what();
-  }
+  EXPECT_TRUE(value_error([] { (void)dtype_from_string("f8"); }, {"[dtype_from_string] unknown dtype 'f8'"}));
 }
 
 TEST(DType, Promotion) {

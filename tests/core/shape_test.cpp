@@ -8,10 +8,10 @@
 
 #include <tessera/core/shape.hpp>
 
-#include "core/core_test_util.hpp"
+#include <test_util.hpp>
 
 using namespace tessera;
-using tessera::testing::value_error;
+using namespace tessera::testing;
 
 namespace {
 

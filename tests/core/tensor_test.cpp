@@ -13,38 +13,18 @@
 
 #include <tessera/core/tensor.hpp>
 
-#include "core/core_test_util.hpp"
+#include <test_util.hpp>
 
 using namespace tessera;
-using tessera::testing::all_dtypes;
-using tessera::testing::at;
-using tessera::testing::from_double;
-using tessera::testing::iota;
-using tessera::testing::to_double;
-using tessera::testing::value_error;
-using tessera::testing::walk;
+using namespace tessera::testing;
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int32_t kI32Max = std::numeric_limits<int32_t>::max();
 constexpr int32_t kI32Min = std::numeric_limits<int32_t>::min();
 constexpr int64_t kTwo53 = int64_t{1} << 53;
 
 std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) { return to_string(info.param); }
-
-// A tensor of dtype holding `values` (each exactly representable in it), built without to()/copy_.
-Tensor make(DType dtype, const std::vector<double>& values, const Shape& shape) {
-  return visit(dtype, [&]<class T>(TypeTag<T>) {
-    std::vector<T> typed;
-    for (double v : values) typed.push_back(from_double<T>(v));
-    return from_vector(typed, shape);
-  });
-}
-Tensor make(DType dtype, const std::vector<double>& values) {
-  return make(dtype, values, {static_cast<int64_t>(values.size())});
-}
 
 // `values` as they read back from b8 (nonzero -> 1).
 std::vector<double> as_bool(std::vector<double> values) {
@@ -491,7 +471,7 @@ TEST_P(ConvertTest, ToAndStridedCopy) {
   const std::vector<double> expected = expected_values(src_dtype, dst_dtype);
   const auto n = static_cast<int64_t>(values.size());
 
-  const Tensor src = make(src_dtype, values);
+  const Tensor src = make(values, {n}, src_dtype);
   const Tensor converted = src.to(dst_dtype);
   EXPECT_EQ(converted.dtype(), dst_dtype);
   EXPECT_EQ(converted.shape(), (Shape{n}));
@@ -506,7 +486,7 @@ TEST_P(ConvertTest, ToAndStridedCopy) {
     interleaved.push_back(v);
     interleaved.push_back(1);
   }
-  const Tensor strided_src = make(src_dtype, interleaved).as_strided({n}, {2}, 0);
+  const Tensor strided_src = make(interleaved, {2 * n}, src_dtype).as_strided({n}, {2}, 0);
   Tensor dst_base = zeros({n, 2}, dst_dtype);
   Tensor dst = dst_base.select(1, 0);
   ASSERT_FALSE(dst.is_contiguous());

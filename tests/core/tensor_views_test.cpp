@@ -6,13 +6,10 @@
 
 #include <tessera/core/tensor.hpp>
 
-#include "core/core_test_util.hpp"
+#include <test_util.hpp>
 
 using namespace tessera;
-using tessera::testing::at;
-using tessera::testing::iota;
-using tessera::testing::value_error;
-using tessera::testing::walk;
+using namespace tessera::testing;
 
 namespace {
 

@@ -12,24 +12,12 @@
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/ops.hpp>
 
+#include <test_util.hpp>
+
 using namespace tessera;
+using namespace tessera::testing;
 
 namespace {
-
-// The message of the ValueError fn throws ("" and a test failure if it throws none).
-template <class F>
-std::string value_error_message(F&& fn) {
-  try {
-    fn();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected ValueError";
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
 
 // Deterministic values in [-2, 2] in quarter steps: exact in every floating dtype.
 Tensor quarters(const Shape& shape, int seed, DType dtype = DType::f64) {
@@ -151,9 +139,6 @@ void expect_matmul(const Tensor& a, const Tensor& b, double rtol = 0, double ato
   EXPECT_EQ(out.dtype(), promote_types(a.dtype(), b.dtype()));
   expect_matches(out, ref_matmul(a, b), rtol, atol);
 }
-
-constexpr DType kFloatDTypes[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
-constexpr DType kIntDTypes[] = {DType::i32, DType::i64, DType::u8};
 
 // Relative tolerance for results rounded to dtype (inputs are exact in every dtype).
 double rtol_of(DType dtype) {
@@ -331,7 +316,7 @@ TEST(Matmul, ResultIsFreshContiguousStorage) {
 // --- matmul: dtypes ----------------------------------------------------------------------------
 
 TEST(Matmul, FloatDTypes) {
-  for (DType dt : kFloatDTypes) {
+  for (DType dt : floating_dtypes()) {
     SCOPED_TRACE(name(dt));
     const double rtol = rtol_of(dt);
     expect_matmul(quarters({7, 5}, 1, dt), quarters({5, 3}, 2, dt), rtol);
@@ -530,7 +515,7 @@ TEST(Linear, HandComputed) {
 }
 
 TEST(Linear, WithoutBias) {
-  for (DType dt : kFloatDTypes) {
+  for (DType dt : floating_dtypes()) {
     SCOPED_TRACE(name(dt));
     const Tensor x = quarters({5, 4}, 1, dt), w = quarters({3, 4}, 2, dt);
     const Tensor out = linear(x, w);

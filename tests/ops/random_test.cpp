@@ -8,11 +8,12 @@
 
 #include <tessera/ops/random.hpp>
 
+#include <test_util.hpp>
+
 using namespace tessera;
+using namespace tessera::testing;
 
 namespace {
-
-constexpr DType kFloating[] = {DType::f32, DType::f64, DType::f16, DType::bf16};
 
 // Bit-for-bit equality of two tensors of the same dtype and shape.
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
@@ -21,22 +22,6 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   const Tensor bc = b.contiguous();
   return std::memcmp(ac.raw_data(), bc.raw_data(), static_cast<size_t>(ac.nbytes())) == 0;
 }
-
-// The message of the ValueError fn throws ("" and a test failure if it throws none).
-template <class F>
-std::string value_error_message(F&& fn) {
-  try {
-    fn();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected ValueError";
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
 
 double mean_of(const std::vector<double>& v) {
   double sum = 0;
@@ -151,7 +136,7 @@ TEST(Random, BernoulliFollowsTheCounterLayout) {
 }
 
 TEST(Random, ValuesDependOnlyOnTheFlatIndex) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     SCOPED_TRACE(name(dtype));
     for (Distribution dist : {Distribution::uniform, Distribution::normal, Distribution::bernoulli}) {
       const RandomDraw draw{dist, dist == Distribution::bernoulli ? 0.5 : 0.0, 1, dtype, 5, 2};
@@ -195,7 +180,7 @@ TEST(Random, BlocksEqualNarrowOfTheWholeTensorBitForBit) {
 }
 
 TEST(Random, RandEqualsRandomBlockOfItsDraw) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     manual_seed(123);
     const Tensor u = rand({5, 6}, dtype);
     const Tensor z = randn({5, 6}, dtype);
@@ -224,7 +209,7 @@ TEST(Random, ZeroDimAndEmptyTensors) {
 // --- determinism ------------------------------------------------------------------------------------
 
 TEST(Random, SameSeedSameValues) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     manual_seed(2024);
     const Tensor a = rand({33}, dtype), b = randn({33}, dtype);
     manual_seed(2024);
@@ -278,7 +263,7 @@ TEST(Random, GeneratorNextTakesConsecutiveOffsets) {
 // --- statistics (fixed seeds; tolerances are many standard errors wide) -----------------------------
 
 TEST(Random, UniformMeanAndVariance) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     SCOPED_TRACE(name(dtype));
     manual_seed(31);
     const std::vector<double> v = values(rand({100000}, dtype));
@@ -293,7 +278,7 @@ TEST(Random, UniformMeanAndVariance) {
 }
 
 TEST(Random, NormalMeanVarianceAndTails) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     SCOPED_TRACE(name(dtype));
     manual_seed(32);
     const std::vector<double> v = values(randn({100000}, dtype));
@@ -330,7 +315,7 @@ TEST(Random, BernoulliFrequency) {
 }
 
 TEST(Random, UniformValuesAreInTheHalfOpenUnitInterval) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     SCOPED_TRACE(name(dtype));
     manual_seed(34);
     const std::vector<double> v = values(rand({100000}, dtype));
@@ -381,7 +366,7 @@ TEST(Random, DropoutMaskKeepsWithProbabilityOneMinusP) {
 }
 
 TEST(Random, DropoutScalesKeptValuesAndZeroesTheRest) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     SCOPED_TRACE(name(dtype));
     const double p = 0.25;
     const Tensor x = arange(1, 4001, 1, dtype).reshape({40, 100});

@@ -9,76 +9,28 @@
 #include <limits>
 #include <optional>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/reduce.hpp>
 
+#include <test_util.hpp>
+
 using namespace tessera;
+// Named one by one (not `using namespace tessera::testing`): the local matches() compares with the
+// expected values as dtype stores them and would be ambiguous with tessera::testing::matches.
+using tessera::testing::all_dtypes;
+using tessera::testing::floating_dtypes;
+using tessera::testing::kInf;
+using tessera::testing::kNaN;
+using tessera::testing::make;
+using tessera::testing::make_typed;
+using tessera::testing::Tol;
+using tessera::testing::TolTable;
+using tessera::testing::value_error;
+using tessera::testing::walk;
 
 namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-const std::vector<DType> kAll = {DType::f32, DType::f64, DType::f16, DType::bf16,
-                                 DType::i32, DType::i64, DType::u8,  DType::b8};
-const std::vector<DType> kFloating = {DType::f32, DType::f64, DType::f16, DType::bf16};
-
-// --- element access that bypasses the library's copy/convert code ----------------------------------
-
-template <class T>
-T from_double(double v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return T(static_cast<float>(v));
-  else if constexpr (std::is_same_v<T, bool>) return v != 0;
-  else return static_cast<T>(v);
-}
-
-template <class R, class T>
-R element_as(T v) {
-  if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) return static_cast<R>(static_cast<float>(v));
-  else return static_cast<R>(v);
-}
-
-Tensor make(const std::vector<double>& values, const Shape& shape, DType dtype) {
-  Tensor t = empty(shape, dtype);
-  EXPECT_EQ(static_cast<size_t>(t.numel()), values.size()) << "test bug: value count vs shape " << shape.to_string();
-  visit(dtype, [&]<class T>(TypeTag<T>) {
-    T* p = static_cast<T*>(t.raw_data());
-    for (size_t i = 0; i < values.size(); ++i) p[i] = from_double<T>(values[i]);
-  });
-  return t;
-}
-
-template <class T>
-Tensor make_typed(const std::vector<T>& values, const Shape& shape) {
-  Tensor t = empty(shape, dtype_of<T>());
-  T* p = static_cast<T*>(t.raw_data());
-  for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
-  return t;
-}
-
-// Every element in row-major order, read through the tensor's own strides and offset.
-template <class R = double>
-std::vector<R> read(const Tensor& t) {
-  std::vector<R> out;
-  if (t.numel() == 0) return out;
-  visit(t.dtype(), [&]<class T>(TypeTag<T>) {
-    const T* base = static_cast<const T*>(t.storage()->data());
-    std::vector<int64_t> index(static_cast<size_t>(t.ndim()), 0);
-    for (int64_t n = 0; n < t.numel(); ++n) {
-      int64_t flat = t.offset();
-      for (int64_t d = 0; d < t.ndim(); ++d) flat += index[static_cast<size_t>(d)] * t.strides()[d];
-      out.push_back(element_as<R>(base[flat]));
-      for (int64_t d = t.ndim() - 1; d >= 0; --d) {
-        if (++index[static_cast<size_t>(d)] < t.shape()[d]) break;
-        index[static_cast<size_t>(d)] = 0;
-      }
-    }
-  });
-  return out;
-}
 
 // --- references ----------------------------------------------------------------------------------
 
@@ -181,66 +133,27 @@ double round_to(DType dtype, double v) {
   }
 }
 
-struct Tol {
-  double rtol, atol;
-};
+// Output rounding of each dtype (reductions accumulate in f64 and round once); integers and bool
+// are exact.
+constexpr TolTable kTol{
+    .f64 = {1e-12, 1e-12}, .f32 = {1e-6, 1e-7}, .f16 = {1e-3, 1e-4}, .bf16 = {8e-3, 1e-3}, .other = {0, 0}};
 
-// Output rounding of each dtype (reductions accumulate in f64 and round once).
-Tol tol(DType dtype) {
-  switch (dtype) {
-    case DType::f64:
-      return {1e-12, 1e-12};
-    case DType::f32:
-      return {1e-6, 1e-7};
-    case DType::f16:
-      return {1e-3, 1e-4};
-    case DType::bf16:
-      return {8e-3, 1e-3};
-    default:
-      return {0, 0};
-  }
+// Each expected value as dtype stores it: reductions accumulate in f64 and round once, so results
+// are compared with the rounded reference.
+std::vector<double> stored(DType dtype, const std::vector<double>& expected) {
+  std::vector<double> out;
+  for (double e : expected) out.push_back(round_to(dtype, e));
+  return out;
 }
 
+// Shape, dtype and every element (NaN matches NaN) of t against the stored expected values.
 ::testing::AssertionResult matches(const Tensor& t, const Shape& shape, DType dtype, const std::vector<double>& expected,
                                    Tol tolerance) {
-  if (!t.defined()) return ::testing::AssertionFailure() << "result is undefined";
-  if (t.shape() != shape)
-    return ::testing::AssertionFailure() << "shape " << t.shape().to_string() << ", expected " << shape.to_string();
-  if (t.dtype() != dtype)
-    return ::testing::AssertionFailure() << "dtype " << name(t.dtype()) << ", expected " << name(dtype);
-  const std::vector<double> actual = read(t);
-  if (actual.size() != expected.size())
-    return ::testing::AssertionFailure() << actual.size() << " elements, expected " << expected.size();
-  for (size_t i = 0; i < actual.size(); ++i) {
-    const double e = round_to(dtype, expected[i]), a = actual[i];
-    const bool ok = std::isnan(e) ? std::isnan(a)
-                    : std::isinf(e) ? a == e
-                                    : std::abs(a - e) <= tolerance.atol + tolerance.rtol * std::abs(e);
-    if (!ok) return ::testing::AssertionFailure() << "element " << i << " is " << a << ", expected " << expected[i];
-  }
-  return ::testing::AssertionSuccess();
+  return tessera::testing::matches(t, shape, dtype, stored(dtype, expected), tolerance);
 }
 
 ::testing::AssertionResult matches(const Tensor& t, const Shape& shape, DType dtype, const std::vector<double>& expected) {
-  return matches(t, shape, dtype, expected, tol(dtype));
-}
-
-template <class F>
-::testing::AssertionResult value_error(F&& f, const std::string& prefix, const std::vector<std::string>& parts = {}) {
-  try {
-    f();
-  } catch (const ValueError& e) {
-    const std::string what = e.what();
-    if (what.rfind(prefix, 0) != 0)
-      return ::testing::AssertionFailure() << "message \"" << what << "\" does not start with \"" << prefix << "\"";
-    for (const std::string& part : parts)
-      if (what.find(part) == std::string::npos)
-        return ::testing::AssertionFailure() << "message \"" << what << "\" lacks \"" << part << "\"";
-    return ::testing::AssertionSuccess();
-  } catch (const std::exception& e) {
-    return ::testing::AssertionFailure() << "threw another exception: " << e.what();
-  }
-  return ::testing::AssertionFailure() << "did not throw";
+  return tessera::testing::matches(t, shape, dtype, stored(dtype, expected), kTol(dtype));
 }
 
 std::string dims_text(const std::vector<int64_t>& dims) {
@@ -288,10 +201,10 @@ const std::vector<std::vector<int64_t>>& dim_sets() {
 // ================================================================================================
 
 TEST(ReduceSweep, SumMeanProdAmaxAminVarMatchReference) {
-  for (DType dtype : kAll) {
+  for (DType dtype : all_dtypes()) {
     for (const auto& [layout, x] : layouts(dtype)) {
       ASSERT_EQ(x.shape(), Shape({2, 3, 4}));
-      const std::vector<double> v = read(x);
+      const std::vector<double> v = walk(x);
       for (const std::vector<int64_t>& dims : dim_sets()) {
         for (bool keepdim : {false, true}) {
           SCOPED_TRACE(std::string(name(dtype)) + " " + layout + " dims " + dims_text(dims) +
@@ -314,9 +227,9 @@ TEST(ReduceSweep, SumMeanProdAmaxAminVarMatchReference) {
 }
 
 TEST(ArgmaxSweep, EveryDimEveryDtypeMatchesReference) {
-  for (DType dtype : kAll) {
+  for (DType dtype : all_dtypes()) {
     for (const auto& [layout, x] : layouts(dtype)) {
-      const std::vector<double> v = read(x);
+      const std::vector<double> v = walk(x);
       for (bool keepdim : {false, true}) {
         SCOPED_TRACE(std::string(name(dtype)) + " " + layout + (keepdim ? " keepdim" : ""));
         // Flattened.
@@ -354,7 +267,7 @@ TEST(SumReduce, HandComputed) {
 }
 
 TEST(SumReduce, ZeroDimInput) {
-  for (DType dtype : kAll) {
+  for (DType dtype : all_dtypes()) {
     SCOPED_TRACE(name(dtype));
     const double value = dtype == DType::b8 ? 1 : 3;
     const Tensor s = make({value}, {}, dtype);
@@ -376,7 +289,7 @@ TEST(SumReduce, ZeroDimInput) {
 }
 
 TEST(SumReduce, ZeroSizeInputs) {
-  for (DType dtype : kAll) {
+  for (DType dtype : all_dtypes()) {
     SCOPED_TRACE(name(dtype));
     const Tensor e = empty({0, 3}, dtype);
     EXPECT_TRUE(matches(sum(e), {}, sum_dtype(dtype), {0}));
@@ -428,19 +341,19 @@ TEST(SumReduce, ResultDtypes) {
 
 TEST(SumReduce, IntegerSumsDoNotOverflowNarrowTypes) {
   constexpr int32_t kMax32 = std::numeric_limits<int32_t>::max();
-  EXPECT_EQ(read<int64_t>(sum(make_typed<int32_t>({kMax32, kMax32, 2}, {3}))),
+  EXPECT_EQ(walk<int64_t>(sum(make_typed<int32_t>({kMax32, kMax32, 2}, {3}))),
             (std::vector<int64_t>{2 * static_cast<int64_t>(kMax32) + 2}));
 }
 
 TEST(SumReduce, I64OverflowWrapsLikeElementwise) {
   // Tensors wrap on integer overflow (as add does); the reduction must not hit signed-overflow UB.
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
-  EXPECT_EQ(read<int64_t>(sum(make_typed<int64_t>({kMax, 1}, {2}))), (std::vector<int64_t>{kMin}));
-  EXPECT_EQ(read<int64_t>(sum(make_typed<int64_t>({kMin, -1, 5}, {3}))), (std::vector<int64_t>{kMin + 4}));
-  EXPECT_EQ(read<int64_t>(sum(make_typed<int64_t>({kMax, kMax, 1, 1}, {2, 2}), {1})), (std::vector<int64_t>{-2, 2}));
-  EXPECT_EQ(read<int64_t>(sum(make_typed<int64_t>({kMax, kMax, 1, 1}, {2, 2}), {0})), (std::vector<int64_t>{kMin, kMin}));
-  EXPECT_EQ(read<int64_t>(prod(make_typed<int64_t>({int64_t{1} << 62, 4}, {2}))), (std::vector<int64_t>{0}));
-  EXPECT_EQ(read<int64_t>(prod(make_typed<int64_t>({kMax, kMax}, {2}))), (std::vector<int64_t>{1}));
+  EXPECT_EQ(walk<int64_t>(sum(make_typed<int64_t>({kMax, 1}, {2}))), (std::vector<int64_t>{kMin}));
+  EXPECT_EQ(walk<int64_t>(sum(make_typed<int64_t>({kMin, -1, 5}, {3}))), (std::vector<int64_t>{kMin + 4}));
+  EXPECT_EQ(walk<int64_t>(sum(make_typed<int64_t>({kMax, kMax, 1, 1}, {2, 2}), {1})), (std::vector<int64_t>{-2, 2}));
+  EXPECT_EQ(walk<int64_t>(sum(make_typed<int64_t>({kMax, kMax, 1, 1}, {2, 2}), {0})), (std::vector<int64_t>{kMin, kMin}));
+  EXPECT_EQ(walk<int64_t>(prod(make_typed<int64_t>({int64_t{1} << 62, 4}, {2}))), (std::vector<int64_t>{0}));
+  EXPECT_EQ(walk<int64_t>(prod(make_typed<int64_t>({kMax, kMax}, {2}))), (std::vector<int64_t>{1}));
 }
 
 TEST(SumReduce, HalfPrecisionAccumulatesWide) {
@@ -466,9 +379,9 @@ TEST(SumReduce, LargeF32SumIsAccurate) {
   const float tenth = 0.1f;
   const Tensor x = full({n}, tenth, DType::f32);
   const double want = static_cast<double>(n) * static_cast<double>(tenth);
-  const double got = read(sum(x))[0];
+  const double got = walk(sum(x))[0];
   EXPECT_NEAR(got, want, 1e-6 * want);
-  EXPECT_NEAR(read(mean(x))[0], static_cast<double>(tenth), 1e-6 * 0.1);
+  EXPECT_NEAR(walk(mean(x))[0], static_cast<double>(tenth), 1e-6 * 0.1);
   // Varied values, a tail that is not a whole block, and a sum along each dim of a big matrix.
   constexpr int64_t rows = 1000, cols = 1037;
   std::vector<double> v;
@@ -476,19 +389,19 @@ TEST(SumReduce, LargeF32SumIsAccurate) {
   const Tensor m = make(v, {rows, cols}, DType::f32);
   double abs_total = 0;
   for (double e : v) abs_total += std::abs(e);
-  EXPECT_NEAR(read(sum(m))[0], sum_ref(v), 1e-6 * abs_total);
-  EXPECT_NEAR(read(sum(m.t()))[0], sum_ref(v), 1e-6 * abs_total);
+  EXPECT_NEAR(walk(sum(m))[0], sum_ref(v), 1e-6 * abs_total);
+  EXPECT_NEAR(walk(sum(m.t()))[0], sum_ref(v), 1e-6 * abs_total);
   for (int64_t dim : {0, 1}) {
     SCOPED_TRACE(dim);
     const Groups g = groups(v, {rows, cols}, {dim}, false);
     EXPECT_TRUE(matches(sum(m, {dim}), g.shape, DType::f32, fold_ref(g, sum_ref), {1e-6, 1e-5}));
-    const Groups gt = groups(read(m.t()), {cols, rows}, {1 - dim}, false);
+    const Groups gt = groups(walk(m.t()), {cols, rows}, {1 - dim}, false);
     EXPECT_TRUE(matches(sum(m.t(), {1 - dim}), gt.shape, DType::f32, fold_ref(gt, sum_ref), {1e-6, 1e-5}));
   }
 }
 
 TEST(ReduceNaN, AmaxAminPropagateNaN) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     SCOPED_TRACE(name(dtype));
     const Tensor x = make({1, kNaN, 3, 4, 5, 6}, {2, 3}, dtype);
     EXPECT_TRUE(matches(amax(x), {}, dtype, {kNaN}));
@@ -519,7 +432,7 @@ TEST(ArgmaxArgmin, TiesPickTheFirst) {
 }
 
 TEST(ArgmaxArgmin, NaNIsPicked) {
-  for (DType dtype : kFloating) {
+  for (DType dtype : floating_dtypes()) {
     SCOPED_TRACE(name(dtype));
     const Tensor x = make({1, kNaN, 5, kNaN}, {4}, dtype);
     EXPECT_TRUE(matches(argmax(x), {}, DType::i64, {1}));
@@ -573,63 +486,60 @@ TEST(VarReduce, CorrectionsLikeTorch) {
 
 TEST(ReduceErrors, DimOutOfRange) {
   const Tensor x = ones({2, 3});
-  EXPECT_TRUE(value_error([&] { (void)sum(x, {3}); }, "[sum] dim 3 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)sum(x, {2}); }, "[sum] dim 2 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)sum(x, {-3}); }, "[sum] dim -3 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)mean(x, {0, 5}); }, "[mean] dim 5 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)prod(x, {3}); }, "[prod] dim 3 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)amax(x, {3}); }, "[amax] dim 3 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)amin(x, {3}); }, "[amin] dim 3 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)var(x, {3}); }, "[var] dim 3 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)argmax(x, 2); }, "[argmax] dim 2 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)argmin(x, -3); }, "[argmin] dim -3 out of range for shape [2, 3]"));
-  EXPECT_TRUE(value_error([&] { (void)sum(ones({}), {1}); }, "[sum] dim 1 out of range for shape []"));
-  EXPECT_TRUE(value_error([&] { (void)argmax(ones({}), 1); }, "[argmax] dim 1 out of range for shape []"));
+  EXPECT_TRUE(value_error([&] { (void)sum(x, {3}); }, {"[sum] dim 3 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)sum(x, {2}); }, {"[sum] dim 2 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)sum(x, {-3}); }, {"[sum] dim -3 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)mean(x, {0, 5}); }, {"[mean] dim 5 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)prod(x, {3}); }, {"[prod] dim 3 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)amax(x, {3}); }, {"[amax] dim 3 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)amin(x, {3}); }, {"[amin] dim 3 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)var(x, {3}); }, {"[var] dim 3 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)argmax(x, 2); }, {"[argmax] dim 2 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)argmin(x, -3); }, {"[argmin] dim -3 out of range for shape [2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)sum(ones({}), {1}); }, {"[sum] dim 1 out of range for shape []"}));
+  EXPECT_TRUE(value_error([&] { (void)argmax(ones({}), 1); }, {"[argmax] dim 1 out of range for shape []"}));
 }
 
 TEST(ReduceErrors, RepeatedDim) {
   const Tensor x = ones({2, 3});
-  EXPECT_TRUE(value_error([&] { (void)sum(x, {1, -1}); }, "[sum] dim 1 appears more than once", {"[2, 3]"}));
-  EXPECT_TRUE(value_error([&] { (void)mean(x, {0, 0}); }, "[mean] dim 0 appears more than once", {"[2, 3]"}));
-  EXPECT_TRUE(value_error([&] { (void)prod(x, {0, 1, 0}); }, "[prod] dim 0 appears more than once"));
-  EXPECT_TRUE(value_error([&] { (void)prod(ones({2}, DType::i32), {0, 0}); }, "[prod] dim 0 appears more than once"));
-  EXPECT_TRUE(value_error([&] { (void)amax(x, {-2, 0}); }, "[amax] dim 0 appears more than once"));
-  EXPECT_TRUE(value_error([&] { (void)var(x, {1, 1}); }, "[var] dim 1 appears more than once"));
+  EXPECT_TRUE(value_error([&] { (void)sum(x, {1, -1}); }, {"[sum] dim 1 appears more than once", "[2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)mean(x, {0, 0}); }, {"[mean] dim 0 appears more than once", "[2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)prod(x, {0, 1, 0}); }, {"[prod] dim 0 appears more than once"}));
+  EXPECT_TRUE(value_error([&] { (void)prod(ones({2}, DType::i32), {0, 0}); }, {"[prod] dim 0 appears more than once"}));
+  EXPECT_TRUE(value_error([&] { (void)amax(x, {-2, 0}); }, {"[amax] dim 0 appears more than once"}));
+  EXPECT_TRUE(value_error([&] { (void)var(x, {1, 1}); }, {"[var] dim 1 appears more than once"}));
 }
 
 TEST(ReduceErrors, ExtremumOverZeroElements) {
-  EXPECT_TRUE(value_error([&] { (void)amax(empty({0, 3})); }, "[amax] cannot reduce over zero elements",
-                          {"[0, 3]"}));
-  EXPECT_TRUE(value_error([&] { (void)amin(empty({0, 3})); }, "[amin] cannot reduce over zero elements",
-                          {"[0, 3]"}));
-  EXPECT_TRUE(value_error([&] { (void)amax(empty({0, 3}), {0}); }, "[amax] cannot reduce over zero elements"));
-  EXPECT_TRUE(value_error([&] { (void)amin(empty({0}, DType::i32)); }, "[amin] cannot reduce over zero elements"));
+  EXPECT_TRUE(value_error([&] { (void)amax(empty({0, 3})); }, {"[amax] cannot reduce over zero elements", "[0, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)amin(empty({0, 3})); }, {"[amin] cannot reduce over zero elements", "[0, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)amax(empty({0, 3}), {0}); }, {"[amax] cannot reduce over zero elements"}));
+  EXPECT_TRUE(value_error([&] { (void)amin(empty({0}, DType::i32)); }, {"[amin] cannot reduce over zero elements"}));
 }
 
 TEST(ReduceErrors, ArgmaxOverEmptyDim) {
-  EXPECT_TRUE(value_error([&] { (void)argmax(empty({0})); }, "[argmax] cannot reduce over zero elements", {"[0]"}));
-  EXPECT_TRUE(value_error([&] { (void)argmin(empty({2, 0})); }, "[argmin] cannot reduce over zero elements"));
-  EXPECT_TRUE(value_error([&] { (void)argmax(empty({0}), 0); }, "[argmax] cannot reduce over zero elements", {"[0]"}));
-  EXPECT_TRUE(value_error([&] { (void)argmax(empty({0, 3}), 0); }, "[argmax] cannot reduce over zero elements",
-                          {"[0, 3]"}));
-  EXPECT_TRUE(value_error([&] { (void)argmin(empty({2, 0}), -1); }, "[argmin] cannot reduce over zero elements",
-                          {"[2, 0]"}));
+  EXPECT_TRUE(value_error([&] { (void)argmax(empty({0})); }, {"[argmax] cannot reduce over zero elements", "[0]"}));
+  EXPECT_TRUE(value_error([&] { (void)argmin(empty({2, 0})); }, {"[argmin] cannot reduce over zero elements"}));
+  EXPECT_TRUE(value_error([&] { (void)argmax(empty({0}), 0); }, {"[argmax] cannot reduce over zero elements", "[0]"}));
+  EXPECT_TRUE(value_error([&] { (void)argmax(empty({0, 3}), 0); },
+                          {"[argmax] cannot reduce over zero elements", "[0, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)argmin(empty({2, 0}), -1); },
+                          {"[argmin] cannot reduce over zero elements", "[2, 0]"}));
 }
 
 TEST(ReduceErrors, VarNegativeCorrection) {
-  EXPECT_TRUE(value_error([&] { (void)var(ones({2, 3}), {}, -1); }, "[var] negative correction -1",
-                          {"[2, 3]"}));
+  EXPECT_TRUE(value_error([&] { (void)var(ones({2, 3}), {}, -1); }, {"[var] negative correction -1", "[2, 3]"}));
 }
 
 TEST(ReduceErrors, UndefinedTensor) {
   const Tensor u;
   const std::string what = "tensor is undefined";
-  EXPECT_TRUE(value_error([&] { (void)sum(u); }, "[sum]", {what}));
-  EXPECT_TRUE(value_error([&] { (void)mean(u); }, "[mean]", {what}));
-  EXPECT_TRUE(value_error([&] { (void)prod(u); }, "[prod]", {what}));
-  EXPECT_TRUE(value_error([&] { (void)amax(u); }, "[amax]", {what}));
-  EXPECT_TRUE(value_error([&] { (void)amin(u); }, "[amin]", {what}));
-  EXPECT_TRUE(value_error([&] { (void)var(u); }, "[var]", {what}));
-  EXPECT_TRUE(value_error([&] { (void)argmax(u); }, "[argmax]", {what}));
-  EXPECT_TRUE(value_error([&] { (void)argmin(u, 0); }, "[argmin]", {what}));
+  EXPECT_TRUE(value_error([&] { (void)sum(u); }, {"[sum]", what}));
+  EXPECT_TRUE(value_error([&] { (void)mean(u); }, {"[mean]", what}));
+  EXPECT_TRUE(value_error([&] { (void)prod(u); }, {"[prod]", what}));
+  EXPECT_TRUE(value_error([&] { (void)amax(u); }, {"[amax]", what}));
+  EXPECT_TRUE(value_error([&] { (void)amin(u); }, {"[amin]", what}));
+  EXPECT_TRUE(value_error([&] { (void)var(u); }, {"[var]", what}));
+  EXPECT_TRUE(value_error([&] { (void)argmax(u); }, {"[argmax]", what}));
+  EXPECT_TRUE(value_error([&] { (void)argmin(u, 0); }, {"[argmin]", what}));
 }

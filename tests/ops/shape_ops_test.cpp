@@ -8,29 +8,17 @@
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/ops.hpp>
 
+#include <test_util.hpp>
+
 using namespace tessera;
+using namespace tessera::testing;
 
 namespace {
 
-// The message of the ValueError fn throws ("" and a test failure if it throws none).
-template <class F>
-std::string value_error_message(F&& fn) {
-  try {
-    fn();
-  } catch (const ValueError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected ValueError";
-  return "";
-}
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-bool starts_with(const std::string& text, const std::string& prefix) { return text.rfind(prefix, 0) == 0; }
-
-std::vector<double> values(const Tensor& t) { return t.to_vector<double>(); }
-
 // [0, 1, ..., numel-1] in shape, as f64.
-Tensor iota(const Shape& shape, DType dtype = DType::f64) { return arange(shape.numel()).reshape(shape).to(dtype); }
+Tensor iota_tensor(const Shape& shape, DType dtype = DType::f64) {
+  return arange(shape.numel()).reshape(shape).to(dtype);
+}
 
 std::vector<int64_t> sizes_along(const std::vector<Tensor>& pieces, int64_t dim) {
   std::vector<int64_t> sizes;
@@ -48,7 +36,7 @@ void expect_views_of(const std::vector<Tensor>& pieces, const Tensor& base) {
 // --- free-function views ---------------------------------------------------------------------------
 
 TEST(ShapeOps, FreeFunctionsMatchMethods) {
-  const Tensor x = iota({2, 3, 4});
+  const Tensor x = iota_tensor({2, 3, 4});
   const auto same = [&](const Tensor& free_form, const Tensor& method_form) {
     EXPECT_TRUE(free_form.is_same(method_form)) << free_form.shape().to_string();
   };
@@ -71,7 +59,7 @@ TEST(ShapeOps, FreeFunctionsMatchMethods) {
 }
 
 TEST(ShapeOps, FreeViewsShareStorage) {
-  Tensor x = iota({2, 3});
+  Tensor x = iota_tensor({2, 3});
   Tensor t = transpose(x, 0, 1);
   EXPECT_EQ(t.storage(), x.storage());
   t.select(0, 2).fill_(-1);  // column 2 of x
@@ -103,7 +91,7 @@ TEST(Cat, Dim1AndNegative) {
 }
 
 TEST(Cat, MiddleDimOf3d) {
-  const Tensor a = iota({2, 1, 2}), b = iota({2, 2, 2}).to(DType::f64);
+  const Tensor a = iota_tensor({2, 1, 2}), b = iota_tensor({2, 2, 2}).to(DType::f64);
   const Tensor out = cat({a, b, a}, 1);
   EXPECT_EQ(out.shape(), Shape({2, 4, 2}));
   // a = [[[0, 1]], [[2, 3]]], b = [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
@@ -112,7 +100,7 @@ TEST(Cat, MiddleDimOf3d) {
 }
 
 TEST(Cat, SingleTensorIsACopy) {
-  Tensor a = iota({2, 3});
+  Tensor a = iota_tensor({2, 3});
   Tensor out = cat({a});
   EXPECT_TRUE(equal(out, a));
   EXPECT_NE(out.storage(), a.storage());
@@ -136,18 +124,18 @@ TEST(Cat, DTypesPromote) {
 }
 
 TEST(Cat, ZeroSizePieces) {
-  const Tensor a = iota({2, 0}), b = iota({2, 3}), c = iota({2, 0});
+  const Tensor a = iota_tensor({2, 0}), b = iota_tensor({2, 3}), c = iota_tensor({2, 0});
   const Tensor out = cat({a, b, c}, 1);
   EXPECT_TRUE(equal(out, b));
   EXPECT_EQ(cat({a, c}, 1).shape(), Shape({2, 0}));
-  EXPECT_EQ(cat({iota({0, 3}), iota({0, 3})}).shape(), Shape({0, 3}));
-  EXPECT_TRUE(equal(cat({iota({0, 3}), b}), b));
+  EXPECT_EQ(cat({iota_tensor({0, 3}), iota_tensor({0, 3})}).shape(), Shape({0, 3}));
+  EXPECT_TRUE(equal(cat({iota_tensor({0, 3}), b}), b));
   // Zero-size along another dim: shapes must still agree there.
-  EXPECT_EQ(cat({iota({0, 2}), iota({0, 3})}, 1).shape(), Shape({0, 5}));
+  EXPECT_EQ(cat({iota_tensor({0, 2}), iota_tensor({0, 3})}, 1).shape(), Shape({0, 5}));
 }
 
 TEST(Cat, NonContiguousInputs) {
-  const Tensor base = iota({3, 4});
+  const Tensor base = iota_tensor({3, 4});
   const Tensor t = base.t();                        // [4, 3]
   const Tensor n = base.narrow(1, 1, 2).t();        // [2, 3]: rows 1..2 of t
   const Tensor e = from_vector<double>({-1, -2, -3}).unsqueeze(0).expand({2, 3});
@@ -208,7 +196,7 @@ TEST(Stack, NewDimAtEnd) {
 }
 
 TEST(Stack, NewDimInTheMiddle) {
-  const Tensor a = iota({2, 2}), b = iota({2, 2}).narrow(0, 0, 2).t();  // b = [[0, 2], [1, 3]]
+  const Tensor a = iota_tensor({2, 2}), b = iota_tensor({2, 2}).narrow(0, 0, 2).t();  // b = [[0, 2], [1, 3]]
   const Tensor out = stack({a, b, a}, 1);
   EXPECT_EQ(out.shape(), Shape({2, 3, 2}));
   EXPECT_EQ(values(out), (std::vector<double>{0, 1, 0, 2, 0, 1, 2, 3, 1, 3, 2, 3}));
@@ -255,7 +243,7 @@ TEST(Chunk, SizesFollowTorchChunk) {
                         {1, 3, {1}}};
   for (const Case& c : cases) {
     SCOPED_TRACE(std::to_string(c.size) + " by " + std::to_string(c.chunks));
-    const Tensor x = iota({c.size});
+    const Tensor x = iota_tensor({c.size});
     const std::vector<Tensor> pieces = chunk(x, c.chunks);
     EXPECT_EQ(sizes_along(pieces, 0), c.sizes);
     expect_views_of(pieces, x);
@@ -264,7 +252,7 @@ TEST(Chunk, SizesFollowTorchChunk) {
 }
 
 TEST(Chunk, AlongOtherDims) {
-  const Tensor x = iota({2, 5, 3});
+  const Tensor x = iota_tensor({2, 5, 3});
   const std::vector<Tensor> pieces = chunk(x, 2, 1);
   ASSERT_EQ(pieces.size(), 2u);
   EXPECT_EQ(pieces[0].shape(), Shape({2, 3, 3}));
@@ -286,7 +274,7 @@ TEST(Chunk, EmptyDimGivesChunksEmptyPieces) {
 }
 
 TEST(Chunk, WritesThroughAChunkChangeTheBase) {
-  Tensor x = iota({5, 2});
+  Tensor x = iota_tensor({5, 2});
   std::vector<Tensor> pieces = chunk(x, 4);  // rows [0, 1], [2, 3], [4]
   ASSERT_EQ(pieces.size(), 3u);
   pieces[1].fill_(-1);
@@ -314,7 +302,7 @@ TEST(Chunk, ErrorDimOutOfRangeAnd0d) {
 // --- split -----------------------------------------------------------------------------------------
 
 TEST(Split, BySize) {
-  const Tensor x = iota({5, 2});
+  const Tensor x = iota_tensor({5, 2});
   const std::vector<Tensor> pieces = split(x, 2);
   EXPECT_EQ(sizes_along(pieces, 0), (std::vector<int64_t>{2, 2, 1}));
   EXPECT_EQ(values(pieces[2]), (std::vector<double>{8, 9}));
@@ -329,7 +317,7 @@ TEST(Split, BySize) {
 }
 
 TEST(Split, ByList) {
-  const Tensor x = iota({2, 6});
+  const Tensor x = iota_tensor({2, 6});
   const std::vector<Tensor> pieces = split(x, std::vector<int64_t>{1, 3, 0, 2}, 1);
   ASSERT_EQ(pieces.size(), 4u);
   EXPECT_EQ(sizes_along(pieces, 1), (std::vector<int64_t>{1, 3, 0, 2}));
@@ -342,7 +330,7 @@ TEST(Split, ByList) {
 }
 
 TEST(Split, WritesThroughAPieceChangeTheBase) {
-  Tensor x = iota({6});
+  Tensor x = iota_tensor({6});
   std::vector<Tensor> pieces = split(x, std::vector<int64_t>{2, 4});
   pieces[1].narrow(0, 1, 2).fill_(-5);
   EXPECT_EQ(values(x), (std::vector<double>{0, 1, 2, -5, -5, 5}));
@@ -351,7 +339,7 @@ TEST(Split, WritesThroughAPieceChangeTheBase) {
 }
 
 TEST(Split, NonContiguousInput) {
-  const Tensor x = iota({3, 4}).t();  // [4, 3]
+  const Tensor x = iota_tensor({3, 4}).t();  // [4, 3]
   const std::vector<Tensor> pieces = split(x, 3);
   ASSERT_EQ(pieces.size(), 2u);
   EXPECT_EQ(values(pieces[0]), (std::vector<double>{0, 4, 8, 1, 5, 9, 2, 6, 10}));
