@@ -1,0 +1,110 @@
+# Tessera: every target wraps CMake with the Ninja generator (docs/building.md).
+# Targets are phony and re-entrant: running one again is an incremental build.
+#
+#   make demo                        install missing deps, build, run examples/tensor_demo
+#   make test                        install missing deps, build everything, run every test
+#   make bench                       Release build, run the Google Benchmark binaries
+#   make sanitize                    ASan+UBSan build in build-sanitize, run every test
+#   make sanitize TESSERA_SANITIZE=thread   TSan build in build-tsan, run every test
+#   make install PREFIX=/opt/tessera install headers, library and the CMake package
+#   make consumer                    install into a temporary prefix, build examples/consumer
+#                                    against it with find_package(Tessera), run it
+#   make clean                       remove build/, build-release/, build-sanitize/, build-tsan/
+#
+# Variables: BUILD_DIR (build), BUILD_TYPE (Release), JOBS (nproc), CTEST_JOBS (2),
+# CMAKE_ARGS (extra -D options, e.g. CMAKE_ARGS=-DTESSERA_WITH_MPI=OFF), PREFIX (/usr/local),
+# TESSERA_SANITIZE ("address;undefined" or "thread"), BENCH_ARGS (passed to the bench binaries).
+
+BUILD_DIR  ?= build
+BUILD_TYPE ?= Release
+JOBS       ?= $(shell nproc 2>/dev/null || echo 2)
+CTEST_JOBS ?= 2
+CTEST_ARGS ?= --timeout 600
+CMAKE_ARGS ?=
+PREFIX     ?= /usr/local
+BENCH_ARGS ?=
+
+TESSERA_SANITIZE ?= address;undefined
+ifeq ($(strip $(TESSERA_SANITIZE)),)
+override TESSERA_SANITIZE := address;undefined
+endif
+SANITIZE_DIR ?= $(if $(findstring thread,$(TESSERA_SANITIZE)),build-tsan,build-sanitize)
+# Optimised with debug info: fast enough to run every test, readable stack traces.
+SANITIZE_BUILD_TYPE ?= RelWithDebInfo
+# Benchmarks are always measured on a Release build.
+BENCH_DIR ?= $(if $(filter Release,$(BUILD_TYPE)),$(BUILD_DIR),build-release)
+
+CONSUMER_DIR := $(abspath $(BUILD_DIR))/consumer
+
+# Sanitizer runtime options (the user's environment wins).
+export ASAN_OPTIONS  ?= detect_leaks=1
+export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+export TSAN_OPTIONS  ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp
+
+# $(call configure,dir,build type,extra cmake args): configures dir once. It runs CMake again
+# only when dir has no build.ninja or the arguments differ from the last configure (recorded
+# in dir/.make-configure); otherwise Ninja re-runs CMake itself when a CMakeLists.txt changes.
+define configure
+	@args='-G Ninja -DCMAKE_BUILD_TYPE=$(2) $(3)'; \
+	if [ ! -f $(1)/build.ninja ] || [ "$$(cat $(1)/.make-configure 2>/dev/null)" != "$$args" ]; then \
+	  echo "cmake -S . -B $(1) $$args"; \
+	  eval cmake -S . -B $(1) $$args && echo "$$args" > $(1)/.make-configure; \
+	fi
+endef
+
+.PHONY: all help deps configure build demo test bench sanitize install consumer clean
+
+all: build
+
+help:
+	@sed -n '1,/^$$/p' $(firstword $(MAKEFILE_LIST)) | sed 's/^# \{0,1\}//'
+
+deps:
+	@scripts/install-deps.sh
+
+configure: deps
+	$(call configure,$(BUILD_DIR),$(BUILD_TYPE),$(CMAKE_ARGS))
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo
+	$(BUILD_DIR)/examples/tensor_demo
+
+test: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
+
+bench: deps
+	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))
+	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_benchmarks
+	@set -e; for bench in $(BENCH_DIR)/bench/tessera_*_bench; do \
+	  echo "== $$bench"; $$bench $(BENCH_ARGS); done
+
+# TSan needs a fixed address-space layout on kernels with many ASLR bits: run without ASLR
+# where the machine allows it.
+sanitize: deps
+	$(call configure,$(SANITIZE_DIR),$(SANITIZE_BUILD_TYPE),-DTESSERA_SANITIZE="$(TESSERA_SANITIZE)" -DTESSERA_BUILD_BENCH=OFF -DTESSERA_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
+	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	@norandom=; \
+	if [ "$(findstring thread,$(TESSERA_SANITIZE))" = thread ] && setarch "$$(uname -m)" -R true 2>/dev/null; then \
+	  norandom="setarch $$(uname -m) -R"; fi; \
+	echo "$$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)"; \
+	$$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
+
+install: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target tessera
+	cmake --install $(BUILD_DIR) --prefix $(PREFIX)
+
+# A fresh prefix and a fresh consumer build every time, so nothing stale can hide a broken package.
+consumer: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target tessera
+	rm -rf $(CONSUMER_DIR)
+	cmake --install $(BUILD_DIR) --prefix $(CONSUMER_DIR)/prefix > /dev/null
+	cmake -S examples/consumer -B $(CONSUMER_DIR)/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+	  -DCMAKE_PREFIX_PATH=$(CONSUMER_DIR)/prefix
+	cmake --build $(CONSUMER_DIR)/build -j $(JOBS)
+	$(CONSUMER_DIR)/build/tessera_consumer
+
+clean:
+	rm -rf $(BUILD_DIR) build-release build-sanitize build-tsan
