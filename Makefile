@@ -1,9 +1,11 @@
 # Tessera: every target wraps CMake with the Ninja generator (docs/building.md).
 # Targets are phony and re-entrant: running one again is an incremental build.
 #
-#   make demo                        install missing deps, build, run examples/tensor_demo
+#   make demo                        install missing deps, build, run examples/tensor_demo and
+#                                    examples/mesh_demo (4 in-process ranks)
 #   make test                        install missing deps, build everything, run every test
-#   make bench                       Release build, run the Google Benchmark binaries
+#   make bench                       Release build, run the benchmark binaries (and, when built
+#                                    with MPI, tessera_comm_bench under mpirun -np 2 and -np 4)
 #   make sanitize                    ASan+UBSan build in build-sanitize, run every test
 #   make sanitize TESSERA_SANITIZE=thread   TSan build in build-tsan, run every test
 #   make install PREFIX=/opt/tessera install headers, library and the CMake package
@@ -23,6 +25,8 @@ CTEST_ARGS ?= --timeout 600
 CMAKE_ARGS ?=
 PREFIX     ?= /usr/local
 BENCH_ARGS ?=
+# Build only these targets in `make sanitize` (default: everything), e.g. the threads-backend tests.
+SANITIZE_TARGETS ?=
 
 TESSERA_SANITIZE ?= address;undefined
 ifeq ($(strip $(TESSERA_SANITIZE)),)
@@ -69,8 +73,9 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 demo: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo mesh_demo
 	$(BUILD_DIR)/examples/tensor_demo
+	$(BUILD_DIR)/examples/mesh_demo --ranks 4
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
@@ -80,12 +85,17 @@ bench: deps
 	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_benchmarks
 	@set -e; for bench in $(BENCH_DIR)/bench/tessera_*_bench; do \
 	  echo "== $$bench"; $$bench $(BENCH_ARGS); done
+	@set -e; if grep -Eqi '^TESSERA_WITH_MPI:[A-Z]*=(ON|1|TRUE|YES)$$' $(BENCH_DIR)/CMakeCache.txt; then \
+	  for np in 2 4; do \
+	    echo "== mpirun -np $$np --oversubscribe $(BENCH_DIR)/bench/tessera_comm_bench"; \
+	    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	      mpirun -np $$np --oversubscribe $(BENCH_DIR)/bench/tessera_comm_bench $(BENCH_ARGS); done; fi
 
 # TSan needs a fixed address-space layout on kernels with many ASLR bits: run without ASLR
 # where the machine allows it.
 sanitize: deps
 	$(call configure,$(SANITIZE_DIR),$(SANITIZE_BUILD_TYPE),-DTESSERA_SANITIZE="$(TESSERA_SANITIZE)" -DTESSERA_BUILD_BENCH=OFF -DTESSERA_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
-	cmake --build $(SANITIZE_DIR) -j $(JOBS)
+	cmake --build $(SANITIZE_DIR) -j $(JOBS) $(if $(SANITIZE_TARGETS),--target $(SANITIZE_TARGETS))
 	@norandom=; \
 	if [ "$(findstring thread,$(TESSERA_SANITIZE))" = thread ] && setarch "$$(uname -m)" -R true 2>/dev/null; then \
 	  norandom="setarch $$(uname -m) -R"; fi; \

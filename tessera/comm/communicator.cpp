@@ -1,0 +1,454 @@
+// The choke point every communication call passes, argument validation, async calls.
+#include <tessera/comm/communicator.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include <tessera/comm/detail/async_queue.hpp>
+#include <tessera/core/error.hpp>
+
+namespace tessera {
+
+// --- Work and the async queue --------------------------------------------------------------------
+
+void Work::wait() const {
+  if (!state_) return;
+  std::unique_lock lock(state_->mutex);
+  state_->done_cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool Work::is_completed() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mutex);
+  return state_->done;
+}
+
+namespace detail {
+
+AsyncQueue::~AsyncQueue() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+std::shared_ptr<WorkState> AsyncQueue::push(std::function<void()> body) {
+  auto state = std::make_shared<WorkState>();
+  {
+    std::lock_guard lock(mutex_);
+    tasks_.emplace_back(std::move(body), state);
+    ++pending_;
+    if (!worker_.joinable()) worker_ = std::thread([this] { loop(); });
+  }
+  cv_.notify_all();
+  return state;
+}
+
+void AsyncQueue::drain() {
+  std::unique_lock lock(mutex_);
+  cv_.wait(lock, [&] { return pending_ == 0; });
+}
+
+void AsyncQueue::loop() {
+  while (true) {
+    std::pair<std::function<void()>, std::shared_ptr<WorkState>> task;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping with nothing left
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      task.first();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard lock(task.second->mutex);
+      task.second->done = true;
+      task.second->error = error;
+    }
+    task.second->done_cv.notify_all();
+    {
+      std::lock_guard lock(mutex_);
+      --pending_;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace detail
+
+// --- observers, timeout ----------------------------------------------------------------------------
+
+namespace {
+
+thread_local std::vector<CommObserver*> observers;
+
+std::atomic<double>& timeout_storage() {
+  static std::atomic<double> seconds = [] {
+    if (const char* env = std::getenv("TESSERA_TIMEOUT_S")) {
+      const double v = std::atof(env);
+      if (v > 0) return v;
+    }
+    return 300.0;
+  }();
+  return seconds;
+}
+
+bool tracing() {
+  static const bool on = [] {
+    const char* env = std::getenv("TESSERA_TRACE_COMM");
+    return env && *env && std::string_view(env) != "0";
+  }();
+  return on;
+}
+
+int64_t total(const std::vector<int64_t>& counts) { return std::accumulate(counts.begin(), counts.end(), int64_t{0}); }
+
+}  // namespace
+
+void add_comm_observer(CommObserver* observer) { observers.push_back(observer); }
+
+void remove_comm_observer(CommObserver* observer) {
+  auto it = std::find(observers.begin(), observers.end(), observer);
+  TESSERA_CHECK(it != observers.end(), ValueError, "remove_comm_observer", "observer was not registered on this thread");
+  observers.erase(it);
+}
+
+double comm_timeout_seconds() { return timeout_storage().load(); }
+
+void set_comm_timeout_seconds(double seconds) {
+  TESSERA_CHECK(seconds > 0, ValueError, "set_comm_timeout_seconds", "timeout ", seconds, " s must be positive");
+  timeout_storage().store(seconds);
+}
+
+// --- Communicator ----------------------------------------------------------------------------------
+
+Communicator::Communicator(int rank, std::vector<int> world_ranks)
+    : rank_(rank), world_ranks_(std::move(world_ranks)), async_(std::make_unique<detail::AsyncQueue>()) {}
+
+Communicator::~Communicator() = default;
+
+std::string Communicator::to_string() const {
+  std::ostringstream out;
+  out << "group[";
+  for (size_t i = 0; i < world_ranks_.size(); ++i) out << (i ? ", " : "") << world_ranks_[i];
+  out << "] (" << backend() << ")";
+  return out.str();
+}
+
+void Communicator::enter(CollectiveCall& call) {
+  // Point-to-point calls are numbered apart: only the collectives must agree across the group.
+  const bool p2p = call.kind == CollectiveKind::send || call.kind == CollectiveKind::recv;
+  call.sequence = p2p ? p2p_sequence_++ : sequence_++;
+  for (auto it = observers.rbegin(); it != observers.rend(); ++it) (*it)->on_call(*this, call);
+  if (tracing())
+    std::cerr << "[tessera] world rank " << world_ranks_[static_cast<size_t>(rank_)] << " " << to_string() << " #"
+              << call.sequence << " " << call.to_string() << "\n";
+}
+
+Work Communicator::enqueue(CollectiveCall call, std::function<void(const CollectiveCall&)> body) {
+  enter(call);
+  // The body gets the call as numbered by enter(): a copy taken before would carry sequence 0.
+  return Work(async_->push([call, body = std::move(body)] { body(call); }));
+}
+
+void Communicator::synchronize() { async_->drain(); }
+
+namespace {
+
+// Shared argument checks; `op` is the public name for messages.
+struct Check {
+  const Communicator& comm;
+  const char* op;
+
+  void count(int64_t n, const char* what = "count") const {
+    TESSERA_CHECK(n >= 0, ValueError, op, "negative ", what, " ", n, " on ", comm.to_string());
+  }
+  void buffer(const void* p, int64_t n, const char* what) const {
+    TESSERA_CHECK(p != nullptr || n == 0, ValueError, op, what, " buffer is null for ", n, " elements on ",
+                  comm.to_string());
+  }
+  void rank_arg(int r, const char* what) const {
+    TESSERA_CHECK(r >= 0 && r < comm.size(), ValueError, op, what, " ", r, " out of range for ", comm.to_string(),
+                  "; expected [0, ", comm.size(), ")");
+  }
+  void counts(const std::vector<int64_t>& c, const char* what) const {
+    TESSERA_CHECK(static_cast<int>(c.size()) == comm.size(), ValueError, op, what, " has ", c.size(),
+                  " entries for ", comm.to_string(), "; expected ", comm.size());
+    for (int64_t n : c) count(n, what);
+  }
+  void reduction(DType dtype, ReduceOp rop) const {
+    TESSERA_CHECK(!(dtype == DType::b8 && rop == ReduceOp::avg), ValueError, op,
+                  "avg is not defined for b8 on ", comm.to_string());
+  }
+};
+
+}  // namespace
+
+void Communicator::all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  const Check check{*this, "all_reduce"};
+  check.count(count);
+  check.buffer(buf, count, "data");
+  check.reduction(dtype, op);
+  const int64_t bytes = count * itemsize(dtype);
+  const int64_t moved = size() > 1 ? bytes * 2 * (size() - 1) / size() : 0;  // ring lower bound
+  CollectiveCall call{CollectiveKind::all_reduce, dtype, count, op, -1, moved, moved};
+  synchronize();
+  enter(call);
+  do_all_reduce(buf, count, dtype, op, call);
+}
+
+void Communicator::all_gather(const void* send, void* recv, int64_t count, DType dtype) {
+  const Check check{*this, "all_gather"};
+  check.count(count);
+  check.buffer(send, count, "send");
+  check.buffer(recv, count * size(), "recv");
+  const int64_t bytes = count * itemsize(dtype) * (size() - 1);
+  CollectiveCall call{CollectiveKind::all_gather, dtype, count, ReduceOp::sum, -1, bytes, bytes};
+  synchronize();
+  enter(call);
+  do_all_gather(send, recv, count, dtype, call);
+}
+
+void Communicator::all_gather_v(const void* send, void* recv, const std::vector<int64_t>& recv_counts, DType dtype) {
+  const Check check{*this, "all_gather_v"};
+  check.counts(recv_counts, "recv_counts");
+  const int64_t own = recv_counts[static_cast<size_t>(rank_)], all = total(recv_counts);
+  check.buffer(send, own, "send");
+  check.buffer(recv, all, "recv");
+  CollectiveCall call{CollectiveKind::all_gather_v, dtype, own, ReduceOp::sum, -1,
+                      own * itemsize(dtype) * (size() - 1), (all - own) * itemsize(dtype)};
+  synchronize();
+  enter(call);
+  do_all_gather_v(send, recv, recv_counts, dtype, call);
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, int64_t recv_count, DType dtype, ReduceOp op) {
+  const Check check{*this, "reduce_scatter"};
+  check.count(recv_count, "recv_count");
+  check.buffer(send, recv_count * size(), "send");
+  check.buffer(recv, recv_count, "recv");
+  check.reduction(dtype, op);
+  const int64_t bytes = recv_count * itemsize(dtype) * (size() - 1);
+  CollectiveCall call{CollectiveKind::reduce_scatter, dtype, recv_count * size(), op, -1, bytes, bytes};
+  synchronize();
+  enter(call);
+  do_reduce_scatter(send, recv, recv_count, dtype, op, call);
+}
+
+void Communicator::reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts, DType dtype,
+                                    ReduceOp op) {
+  const Check check{*this, "reduce_scatter_v"};
+  check.counts(counts, "counts");
+  check.reduction(dtype, op);
+  const int64_t own = counts[static_cast<size_t>(rank_)], all = total(counts);
+  check.buffer(send, all, "send");
+  check.buffer(recv, own, "recv");
+  CollectiveCall call{CollectiveKind::reduce_scatter_v, dtype, all, op, -1, (all - own) * itemsize(dtype),
+                      own * itemsize(dtype) * (size() - 1)};
+  synchronize();
+  enter(call);
+  do_reduce_scatter_v(send, recv, counts, dtype, op, call);
+}
+
+void Communicator::all_to_all(const void* send, void* recv, int64_t count, DType dtype) {
+  const Check check{*this, "all_to_all"};
+  check.count(count);
+  check.buffer(send, count * size(), "send");
+  check.buffer(recv, count * size(), "recv");
+  const int64_t bytes = count * itemsize(dtype) * (size() - 1);
+  CollectiveCall call{CollectiveKind::all_to_all, dtype, count * size(), ReduceOp::sum, -1, bytes, bytes};
+  synchronize();
+  enter(call);
+  do_all_to_all(send, recv, count, dtype, call);
+}
+
+void Communicator::all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                                const std::vector<int64_t>& recv_counts, DType dtype) {
+  const Check check{*this, "all_to_all_v"};
+  check.counts(send_counts, "send_counts");
+  check.counts(recv_counts, "recv_counts");
+  const int64_t sent = total(send_counts), received = total(recv_counts);
+  check.buffer(send, sent, "send");
+  check.buffer(recv, received, "recv");
+  const auto self = static_cast<size_t>(rank_);
+  CollectiveCall call{CollectiveKind::all_to_all_v, dtype, sent, ReduceOp::sum, -1,
+                      (sent - send_counts[self]) * itemsize(dtype), (received - recv_counts[self]) * itemsize(dtype)};
+  synchronize();
+  enter(call);
+  do_all_to_all_v(send, send_counts, recv, recv_counts, dtype, call);
+}
+
+void Communicator::broadcast(void* buf, int64_t count, DType dtype, int root) {
+  const Check check{*this, "broadcast"};
+  check.count(count);
+  check.rank_arg(root, "root");
+  check.buffer(buf, count, "data");
+  const int64_t bytes = count * itemsize(dtype);
+  CollectiveCall call{CollectiveKind::broadcast, dtype, count, ReduceOp::sum, root,
+                      rank_ == root ? bytes * (size() - 1) : 0, rank_ == root ? 0 : bytes};
+  synchronize();
+  enter(call);
+  do_broadcast(buf, count, dtype, root, call);
+}
+
+void Communicator::reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, int root) {
+  const Check check{*this, "reduce"};
+  check.count(count);
+  check.rank_arg(root, "root");
+  check.reduction(dtype, op);
+  check.buffer(send, count, "send");
+  if (rank_ == root) check.buffer(recv, count, "recv");
+  const int64_t bytes = count * itemsize(dtype);
+  CollectiveCall call{CollectiveKind::reduce, dtype, count, op, root, rank_ == root ? 0 : bytes,
+                      rank_ == root ? bytes * (size() - 1) : 0};
+  synchronize();
+  enter(call);
+  do_reduce(send, recv, count, dtype, op, root, call);
+}
+
+void Communicator::gather(const void* send, void* recv, int64_t count, DType dtype, int root) {
+  const Check check{*this, "gather"};
+  check.count(count);
+  check.rank_arg(root, "root");
+  check.buffer(send, count, "send");
+  if (rank_ == root) check.buffer(recv, count * size(), "recv");
+  const int64_t bytes = count * itemsize(dtype);
+  CollectiveCall call{CollectiveKind::gather, dtype, count, ReduceOp::sum, root, rank_ == root ? 0 : bytes,
+                      rank_ == root ? bytes * (size() - 1) : 0};
+  synchronize();
+  enter(call);
+  do_gather(send, recv, count, dtype, root, call);
+}
+
+void Communicator::scatter(const void* send, void* recv, int64_t count, DType dtype, int root) {
+  const Check check{*this, "scatter"};
+  check.count(count);
+  check.rank_arg(root, "root");
+  if (rank_ == root) check.buffer(send, count * size(), "send");
+  check.buffer(recv, count, "recv");
+  const int64_t bytes = count * itemsize(dtype);
+  CollectiveCall call{CollectiveKind::scatter, dtype, count, ReduceOp::sum, root,
+                      rank_ == root ? bytes * (size() - 1) : 0, rank_ == root ? 0 : bytes};
+  synchronize();
+  enter(call);
+  do_scatter(send, recv, count, dtype, root, call);
+}
+
+void Communicator::send(const void* buf, int64_t count, DType dtype, int peer, int tag) {
+  const Check check{*this, "send"};
+  check.count(count);
+  check.rank_arg(peer, "peer");
+  check.buffer(buf, count, "data");
+  TESSERA_CHECK(peer != rank_, ValueError, "send", "rank ", rank_, " sends to itself on ", to_string());
+  CollectiveCall call{CollectiveKind::send, dtype, count, ReduceOp::sum, peer, count * itemsize(dtype), 0};
+  synchronize();
+  enter(call);
+  do_send(buf, count, dtype, peer, tag, call);
+}
+
+void Communicator::recv(void* buf, int64_t count, DType dtype, int peer, int tag) {
+  const Check check{*this, "recv"};
+  check.count(count);
+  check.rank_arg(peer, "peer");
+  check.buffer(buf, count, "data");
+  TESSERA_CHECK(peer != rank_, ValueError, "recv", "rank ", rank_, " receives from itself on ", to_string());
+  CollectiveCall call{CollectiveKind::recv, dtype, count, ReduceOp::sum, peer, 0, count * itemsize(dtype)};
+  synchronize();
+  enter(call);
+  do_recv(buf, count, dtype, peer, tag, call);
+}
+
+void Communicator::barrier() {
+  CollectiveCall call{CollectiveKind::barrier};
+  synchronize();
+  enter(call);
+  do_barrier(call);
+}
+
+std::shared_ptr<Communicator> Communicator::split(int color, int key) {
+  CollectiveCall call{CollectiveKind::split};
+  synchronize();
+  enter(call);
+  return do_split(color, key, call);
+}
+
+Work Communicator::all_reduce_async(void* buf, int64_t count, DType dtype, ReduceOp op) {
+  const Check check{*this, "all_reduce_async"};
+  check.count(count);
+  check.buffer(buf, count, "data");
+  check.reduction(dtype, op);
+  const int64_t bytes = count * itemsize(dtype);
+  const int64_t moved = size() > 1 ? bytes * 2 * (size() - 1) / size() : 0;
+  CollectiveCall call{CollectiveKind::all_reduce, dtype, count, op, -1, moved, moved};
+  return enqueue(call, [=, this](const CollectiveCall& numbered) { do_all_reduce(buf, count, dtype, op, numbered); });
+}
+
+Work Communicator::all_gather_async(const void* send, void* recv, int64_t count, DType dtype) {
+  const Check check{*this, "all_gather_async"};
+  check.count(count);
+  check.buffer(send, count, "send");
+  check.buffer(recv, count * size(), "recv");
+  const int64_t bytes = count * itemsize(dtype) * (size() - 1);
+  CollectiveCall call{CollectiveKind::all_gather, dtype, count, ReduceOp::sum, -1, bytes, bytes};
+  return enqueue(call, [=, this](const CollectiveCall& numbered) { do_all_gather(send, recv, count, dtype, numbered); });
+}
+
+Work Communicator::reduce_scatter_async(const void* send, void* recv, int64_t recv_count, DType dtype, ReduceOp op) {
+  const Check check{*this, "reduce_scatter_async"};
+  check.count(recv_count, "recv_count");
+  check.buffer(send, recv_count * size(), "send");
+  check.buffer(recv, recv_count, "recv");
+  check.reduction(dtype, op);
+  const int64_t bytes = recv_count * itemsize(dtype) * (size() - 1);
+  CollectiveCall call{CollectiveKind::reduce_scatter, dtype, recv_count * size(), op, -1, bytes, bytes};
+  return enqueue(call, [=, this](const CollectiveCall& numbered) {
+    do_reduce_scatter(send, recv, recv_count, dtype, op, numbered);
+  });
+}
+
+Work Communicator::all_to_all_v_async(const void* send, std::vector<int64_t> send_counts, void* recv,
+                                      std::vector<int64_t> recv_counts, DType dtype) {
+  const Check check{*this, "all_to_all_v_async"};
+  check.counts(send_counts, "send_counts");
+  check.counts(recv_counts, "recv_counts");
+  const int64_t sent = total(send_counts), received = total(recv_counts);
+  check.buffer(send, sent, "send");
+  check.buffer(recv, received, "recv");
+  const auto self = static_cast<size_t>(rank_);
+  CollectiveCall call{CollectiveKind::all_to_all_v, dtype, sent, ReduceOp::sum, -1,
+                      (sent - send_counts[self]) * itemsize(dtype), (received - recv_counts[self]) * itemsize(dtype)};
+  return enqueue(call, [=, this, sc = std::move(send_counts),
+                        rc = std::move(recv_counts)](const CollectiveCall& numbered) {
+    do_all_to_all_v(send, sc, recv, rc, dtype, numbered);
+  });
+}
+
+// --- even forms through the uneven ones ----------------------------------------------------------
+
+void Communicator::do_all_gather(const void* send, void* recv, int64_t count, DType dtype, const CollectiveCall& call) {
+  do_all_gather_v(send, recv, std::vector<int64_t>(static_cast<size_t>(size()), count), dtype, call);
+}
+
+void Communicator::do_reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+                                     const CollectiveCall& call) {
+  do_reduce_scatter_v(send, recv, std::vector<int64_t>(static_cast<size_t>(size()), count), dtype, op, call);
+}
+
+void Communicator::do_all_to_all(const void* send, void* recv, int64_t count, DType dtype, const CollectiveCall& call) {
+  const std::vector<int64_t> counts(static_cast<size_t>(size()), count);
+  do_all_to_all_v(send, counts, recv, counts, dtype, call);
+}
+
+}  // namespace tessera

@@ -1,0 +1,44 @@
+#pragma once
+// A FIFO of communication calls run by one worker thread, so async calls overlap the caller's
+// compute while keeping this rank's call order (which every rank of a group must agree on).
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace tessera::detail {
+
+struct WorkState {
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+class AsyncQueue {
+ public:
+  AsyncQueue() = default;
+  ~AsyncQueue();
+  AsyncQueue(const AsyncQueue&) = delete;
+  AsyncQueue& operator=(const AsyncQueue&) = delete;
+
+  /// Queues body; its completion (or exception) is reported through the returned state.
+  std::shared_ptr<WorkState> push(std::function<void()> body);
+  /// Blocks until every queued body has run.
+  void drain();
+
+ private:
+  void loop();
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<WorkState>>> tasks_;
+  int64_t pending_ = 0;  // queued or running
+  bool stopping_ = false;
+  std::thread worker_;  // started on first push
+};
+
+}  // namespace tessera::detail

@@ -1,0 +1,63 @@
+#pragma once
+// Knobs of the MPI backend and its choice of algorithm per call: MPI's own collective or
+// Tessera's point-to-point algorithms. Pure (no MPI): built with and without MPI, so the tests
+// of the choice link in every configuration. Internal: not installed.
+#include <cstdint>
+#include <string_view>
+
+#include <tessera/comm/collective.hpp>
+
+namespace tessera::mpi::detail {
+
+/// How the MPI backend runs one collective.
+enum class Algorithm : uint8_t {
+  local,     ///< group of one: nothing moves between ranks
+  library,   ///< MPI's own (non-blocking) collective
+  ring,      ///< Tessera's pipelined ring over point-to-point (reduce-scatter, all-gather)
+  pairwise,  ///< Tessera's direct point-to-point exchange (all_to_all_v, large gather/scatter)
+};
+
+/// "local", "library", "ring", "pairwise".
+std::string_view name(Algorithm algorithm);
+
+/// The knobs, read once from the environment; tests override them with set_tuning (on every
+/// rank alike: the choice must agree across the group).
+struct Tuning {
+  /// Largest element count of one MPI message or library call (MPI counts are int). Larger
+  /// buffers are split; buffers whose counts or displacements exceed it leave the library
+  /// collectives for Tessera's point-to-point algorithms. TESSERA_MPI_MAX_MESSAGE_ELEMENTS.
+  int64_t max_message_elements = int64_t{1} << 30;
+  /// Bytes per pipelined chunk of the ring algorithms. TESSERA_MPI_PIPELINE_BYTES. (Measured:
+  /// 1 MiB; at 64 KiB per-message costs of MPI's rendezvous protocol halve the bandwidth.)
+  int64_t pipeline_bytes = 1024 * 1024;
+  /// Smallest message (bytes of the whole buffer) that uses Tessera's ring / pairwise
+  /// algorithm instead of MPI's collective. TESSERA_MPI_RING_MIN_BYTES sets all four;
+  /// TESSERA_MPI_RING_MIN_BYTES_ALL_REDUCE etc. set one.
+  int64_t ring_min_bytes_all_reduce = 0;
+  int64_t ring_min_bytes_reduce_scatter = 0;
+  int64_t ring_min_bytes_all_gather = 0;
+  int64_t ring_min_bytes_all_to_all = 0;
+  /// One extra small collective per call compares every rank's signature (desync detection).
+  /// TESSERA_DEBUG_COLLECTIVES=1.
+  bool debug_collectives = false;
+};
+
+/// The defaults (measured, see tuning.cpp) with the environment's overrides applied.
+Tuning default_tuning();
+/// The knobs in force (a copy; thread-safe).
+Tuning tuning();
+/// Replaces the knobs. Throws ValueError if a size is not positive.
+void set_tuning(const Tuning& tuning);
+
+/// Pure: the algorithm for a call of `kind` on a group of `group_size` ranks moving `bytes`
+/// (the whole buffer: all_reduce's buffer, reduce_scatter's send, all_gather's recv,
+/// all_to_all's send) whose MPI library call would need counts or displacements up to
+/// `library_elements`. Every rank of a group computes the same choice from the same inputs.
+Algorithm choose_algorithm(CollectiveKind kind, int64_t bytes, int64_t library_elements, int group_size,
+                           const Tuning& tuning);
+
+/// Testing aid: the algorithm of the most recent collective of this process.
+Algorithm last_algorithm();
+void note_algorithm(Algorithm algorithm);
+
+}  // namespace tessera::mpi::detail

@@ -1,0 +1,825 @@
+// MPI backend (TESSERA_WITH_MPI=ON): one rank per process, OpenMPI underneath.
+//
+// - Every wait is a poll (MPI's non-blocking calls + MPI_Test), so every call can time out
+//   (comm_timeout_seconds(): no progress for that long -> CommError naming the call, its
+//   sequence number, the group and, where MPI lets us know, the ranks that did not arrive).
+//   After a timeout the group is unusable and the runtime aborts the job.
+// - Per call, MPI's own collective or Tessera's point-to-point algorithm (detail/ring.hpp),
+//   chosen by message size from measurements (detail/tuning.cpp): on shared memory OpenMPI's
+//   reduce_scatter at every size, and its non-blocking allreduce from ~256 KiB, are several
+//   times slower than a pipelined ring over its own point-to-point.
+// - Reductions: builtin MPI ops where their semantics equal Tessera's (integer ops, float
+//   sum/product, b8 as MPI_C_BOOL with MPI_LOR/MPI_LAND); commutative user ops over
+//   detail::reduce_pair for float max/min (NaN propagates, as on the threads backend), f16/bf16
+//   included (max/min are exact, so 16-bit data moves as is). f16/bf16 sum/avg/product are
+//   staged in f32: widened, reduced as f32, rounded once at the end (the Communicator
+//   contract; a pairwise 16-bit op would round at every step). avg is a sum scaled once at the
+//   end (by the owner of each block in the ring).
+// - Counts beyond MPI's int: every message and library call moves at most
+//   Tuning::max_message_elements (2^30) elements; library collectives whose counts or
+//   displacements would exceed it use the point-to-point algorithms.
+// - Threads: MPI_THREAD_MULTIPLE is requested. Async calls run on a worker thread per
+//   communicator, never concurrently with the rank's own calls on that communicator, but two
+//   communicators' workers can call MPI at once; with only MPI_THREAD_SERIALIZED Tessera takes a
+//   process lock around each MPI call (detail::locked). Less than SERIALIZED is a CommError.
+#include <tessera/comm/mpi/mpi.hpp>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <tessera/comm/detail/reduce_kernels.hpp>
+#include <tessera/comm/mpi/detail/mpi_impl.hpp>
+#include <tessera/comm/mpi/detail/ring.hpp>
+#include <tessera/comm/mpi/detail/tuning.hpp>
+#include <tessera/core/error.hpp>
+#include <tessera/core/shape.hpp>
+
+namespace tessera::mpi {
+
+namespace {
+
+using detail::Algorithm;
+using detail::Op;
+using detail::Tuning;
+using tessera::detail::concat;
+
+constexpr int kNumReduceOps = 5;
+static_assert(static_cast<int>(ReduceOp::min) == kNumReduceOps - 1);
+// Receives a ring rank keeps posted ahead of the one it waits for.
+constexpr int64_t kPipelineWindow = 4;
+// Tag of the receiver's acknowledgement of a send; user tag t travels as t + 1.
+constexpr int kAckTag = 0;
+
+// --- process-wide state --------------------------------------------------------------------------
+
+struct Process {
+  std::mutex mutex;
+  bool initialized_here = false;
+  bool finalized_here = false;
+  int tag_ub = 32767;
+  std::weak_ptr<Communicator> world;
+  // User ops (MPI_OP_NULL where a builtin op has Tessera's semantics), by dtype and op.
+  std::array<std::array<MPI_Op, kNumReduceOps>, kNumDTypes> ops{};
+  bool ops_created = false;
+};
+
+Process& process() {
+  static Process p;
+  return p;
+}
+
+template <DType D, ReduceOp R>
+void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  ::tessera::detail::reduce_pair(inout, in, *len, D, R);
+}
+
+// max/min of the floating dtypes: MPI_MAX/MPI_MIN do not propagate NaN.
+template <DType D>
+void create_user_ops(Process& p) {
+  using Fn = void (*)(void*, void*, int*, MPI_Datatype*);
+  std::array<Fn, kNumReduceOps> fns{};
+  fns[static_cast<size_t>(ReduceOp::max)] = user_reduce<D, ReduceOp::max>;
+  fns[static_cast<size_t>(ReduceOp::min)] = user_reduce<D, ReduceOp::min>;
+  auto& row = p.ops[static_cast<size_t>(D)];
+  for (const ReduceOp op : {ReduceOp::max, ReduceOp::min})
+    MPI_Op_create(fns[static_cast<size_t>(op)], /*commute=*/1, &row[static_cast<size_t>(op)]);
+}
+
+// The MPI op that folds dtype with op (avg folds as sum; the caller scales).
+MPI_Op reduction(DType dtype, ReduceOp op) {
+  const MPI_Op user = process().ops[static_cast<size_t>(dtype)][static_cast<size_t>(op)];
+  if (user != MPI_OP_NULL) return user;
+  TESSERA_ASSERT(dtype != DType::f16 && dtype != DType::bf16, name(op), " of ", name(dtype), " is staged in f32");
+  if (dtype == DType::b8) return op == ReduceOp::product || op == ReduceOp::min ? MPI_LAND : MPI_LOR;
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg:
+      return MPI_SUM;
+    case ReduceOp::product:
+      return MPI_PROD;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+// --- small helpers ---------------------------------------------------------------------------------
+
+std::byte* at(void* p, int64_t elements, DType dtype) { return static_cast<std::byte*>(p) + elements * itemsize(dtype); }
+const std::byte* at(const void* p, int64_t elements, DType dtype) {
+  return static_cast<const std::byte*>(p) + elements * itemsize(dtype);
+}
+
+void copy(void* dst, const void* src, int64_t count, DType dtype) {
+  if (count > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(count * itemsize(dtype)));
+}
+
+std::vector<int64_t> displacements(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> d(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) d[i + 1] = d[i] + counts[i];
+  return d;
+}
+
+std::vector<int> to_int(const std::vector<int64_t>& values) {
+  std::vector<int> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    TESSERA_ASSERT(values[i] <= INT_MAX, "count ", values[i], " does not fit an MPI int");
+    out[i] = static_cast<int>(values[i]);
+  }
+  return out;
+}
+
+// A non-null address for zero-length buffers (some MPI paths reject null even for count 0).
+void* nonnull(void* p) {
+  static std::byte dummy[8];
+  return p ? p : dummy;
+}
+const void* nonnull(const void* p) { return p ? p : nonnull(static_cast<void*>(nullptr)); }
+
+// f16/bf16 sum/avg/product reduce in f32 and round once: their data is widened first.
+bool staged(DType dtype, ReduceOp op) {
+  return (dtype == DType::f16 || dtype == DType::bf16) && op != ReduceOp::max && op != ReduceOp::min;
+}
+
+void widen(const void* src, float* dst, int64_t count, DType dtype) {
+  visit(dtype, [&]<class T>(TypeTag<T>) {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      const T* s = static_cast<const T*>(src);
+      for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(s[i]);
+    }
+  });
+}
+
+void narrow(const float* src, void* dst, int64_t count, DType dtype) {
+  visit(dtype, [&]<class T>(TypeTag<T>) {
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) {
+      T* d = static_cast<T*>(dst);
+      for (int64_t i = 0; i < count; ++i) d[i] = T(src[i]);
+    }
+  });
+}
+
+detail::Pipeline pipeline_for(DType dtype, const Tuning& t) {
+  const int64_t chunk = std::clamp<int64_t>(t.pipeline_bytes / itemsize(dtype), 1, t.max_message_elements);
+  return {chunk, kPipelineWindow};
+}
+
+// Splits [0, count) into near-equal blocks, one per rank (the ring's unit of ownership).
+std::vector<int64_t> even_blocks(int64_t count, int n) {
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  for (int b = 0; b < n; ++b) counts[static_cast<size_t>(b)] = count * (b + 1) / n - count * b / n;
+  return counts;
+}
+
+void set_errors_return(MPI_Comm comm) { detail::locked([&] { return MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN); }); }
+
+// --- the communicator -----------------------------------------------------------------------------
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Takes ownership of comm (collectives and the ring) and p2p (send/recv).
+  MpiCommunicator(MPI_Comm comm, MPI_Comm p2p, int rank, std::vector<int> world_ranks)
+      : Communicator(rank, std::move(world_ranks)), comm_(comm), p2p_(p2p) {
+    group_.description = to_string();
+  }
+
+  ~MpiCommunicator() override {
+    synchronize();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;  // a handle that outlived MPI: nothing left to free
+    if (group_.broken.load()) {
+      // A timed-out call may have left receives posted into the scratch: let it leak.
+      new std::vector<std::byte>(std::move(scratch_));
+    }
+    detail::locked([&] { return MPI_Comm_free(&p2p_); });
+    detail::locked([&] { return MPI_Comm_free(&comm_); });
+  }
+
+  std::string_view backend() const override { return "mpi"; }
+
+ protected:
+  void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op, const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t);
+    const int64_t bytes = count * itemsize(dtype);
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, bytes, count, size(), t);
+    detail::note_algorithm(algorithm);
+    if (algorithm == Algorithm::local || count == 0) return;  // avg over one rank is the value
+    const ReduceOp fold = op == ReduceOp::avg ? ReduceOp::sum : op;
+    // The reduction runs on `data` in dtype `wire`: the caller's buffer, or its f32 copy.
+    const DType wire = staged(dtype, op) ? DType::f32 : dtype;
+    std::vector<float> wide;
+    void* data = buf;
+    if (wire != dtype) {
+      wide.resize(static_cast<size_t>(count));
+      widen(buf, wide.data(), count, dtype);
+      data = wide.data();
+    }
+    if (algorithm == Algorithm::ring) {
+      // Reduce-scatter in place, each block scaled (and rounded to 16 bits) by its owner, then
+      // all-gather in place in the caller's dtype.
+      const auto counts = even_blocks(count, size());
+      const int64_t first = displacements(counts)[static_cast<size_t>(rank())];
+      const int64_t own = counts[static_cast<size_t>(rank())];
+      const auto pipe = pipeline_for(wire, t);
+      std::byte* mine = at(data, first, wire);
+      void* slots = scratch(detail::ring_reduce_scatter_scratch(counts, /*in_place=*/true, pipe), wire);
+      detail::ring_reduce_scatter(o, data, mine, counts, wire, fold, /*in_place=*/true, slots, pipe);
+      if (op == ReduceOp::avg && own > 0) ::tessera::detail::scale_for_avg(mine, own, wire, size());
+      if (wire != dtype) narrow(reinterpret_cast<const float*>(mine), at(buf, first, dtype), own, dtype);
+      detail::ring_all_gather(o, at(buf, first, dtype), buf, counts, dtype, pipeline_for(dtype, t));
+      return;
+    }
+    const MPI_Datatype type = detail::transfer_type(wire);
+    const MPI_Op mop = reduction(wire, op);
+    for (int64_t offset = 0; offset < count; offset += t.max_message_elements) {
+      const int n = static_cast<int>(std::min(t.max_message_elements, count - offset));
+      MPI_Request request;
+      o.check(detail::locked([&] {
+                return MPI_Iallreduce(MPI_IN_PLACE, at(data, offset, wire), n, type, mop, comm_, &request);
+              }),
+              "MPI_Iallreduce");
+      o.wait(request, detail::library_pending);
+    }
+    if (op == ReduceOp::avg) ::tessera::detail::scale_for_avg(data, count, wire, size());
+    if (wire != dtype) narrow(wide.data(), buf, count, dtype);
+  }
+
+  void do_all_gather_v(const void* send, void* recv, const std::vector<int64_t>& counts, DType dtype,
+                       const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t, &counts);
+    const auto displ = displacements(counts);
+    const int64_t total = displ.back();
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, total * itemsize(dtype), total, size(), t);
+    detail::note_algorithm(algorithm);
+    std::byte* own_place = at(recv, displ[static_cast<size_t>(rank())], dtype);
+    if (algorithm == Algorithm::local) return copy(own_place, send, counts[0], dtype);
+    if (total == 0) return;
+    if (algorithm == Algorithm::ring) return detail::ring_all_gather(o, send, recv, counts, dtype, pipeline_for(dtype, t));
+    const MPI_Datatype type = detail::transfer_type(dtype);
+    const auto int_counts = to_int(counts);
+    const auto int_displ = to_int(displ);
+    const bool in_place = send == own_place;
+    MPI_Request request;
+    o.check(detail::locked([&] {
+              return MPI_Iallgatherv(in_place ? MPI_IN_PLACE : nonnull(send), int_counts[static_cast<size_t>(rank())],
+                                     type, recv, int_counts.data(), int_displ.data(), type, comm_, &request);
+            }),
+            "MPI_Iallgatherv");
+    o.wait(request, detail::library_pending);
+  }
+
+  void do_all_gather(const void* send, void* recv, int64_t count, DType dtype, const CollectiveCall& call) override {
+    do_all_gather_v(send, recv, std::vector<int64_t>(static_cast<size_t>(size()), count), dtype, call);
+  }
+
+  void do_reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts, DType dtype, ReduceOp op,
+                           const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t, &counts);
+    const auto displ = displacements(counts);
+    const int64_t total = displ.back(), own = counts[static_cast<size_t>(rank())];
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, total * itemsize(dtype), total, size(), t);
+    detail::note_algorithm(algorithm);
+    if (algorithm == Algorithm::local) return copy(recv, send, own, dtype);
+    if (total == 0) return;
+    const ReduceOp fold = op == ReduceOp::avg ? ReduceOp::sum : op;
+    const DType wire = staged(dtype, op) ? DType::f32 : dtype;
+    std::vector<float> wide_send, wide_recv;
+    const void* in = send;
+    void* out = recv;
+    if (wire != dtype) {
+      wide_send.resize(static_cast<size_t>(total));
+      wide_recv.resize(static_cast<size_t>(own));
+      widen(send, wide_send.data(), total, dtype);
+      in = wide_send.data();
+      out = wide_recv.data();
+    }
+    if (algorithm == Algorithm::ring) {
+      const auto pipe = pipeline_for(wire, t);
+      // Out of place the ring only reads its input.
+      void* slots = scratch(detail::ring_reduce_scatter_scratch(counts, /*in_place=*/false, pipe), wire);
+      detail::ring_reduce_scatter(o, const_cast<void*>(in), out, counts, wire, fold, /*in_place=*/false, slots, pipe);
+    } else {
+      const auto int_counts = to_int(counts);
+      MPI_Request request;
+      o.check(detail::locked([&] {
+                return MPI_Ireduce_scatter(nonnull(in), nonnull(out), int_counts.data(), detail::transfer_type(wire),
+                                           reduction(wire, op), comm_, &request);
+              }),
+              "MPI_Ireduce_scatter");
+      o.wait(request, detail::library_pending);
+    }
+    if (op == ReduceOp::avg && own > 0) ::tessera::detail::scale_for_avg(out, own, wire, size());
+    if (wire != dtype) narrow(wide_recv.data(), recv, own, dtype);
+  }
+
+  void do_reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+                         const CollectiveCall& call) override {
+    do_reduce_scatter_v(send, recv, std::vector<int64_t>(static_cast<size_t>(size()), count), dtype, op, call);
+  }
+
+  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                       const std::vector<int64_t>& recv_counts, DType dtype, const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t, &send_counts, &recv_counts);
+    detail::note_algorithm(size() == 1 ? Algorithm::local : Algorithm::pairwise);
+    pairwise_all_to_all(o, send, send_counts, recv, recv_counts, dtype, t);
+  }
+
+  void do_all_to_all(const void* send, void* recv, int64_t count, DType dtype, const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    const std::vector<int64_t> counts(static_cast<size_t>(size()), count);
+    Op o = begin(call, t, &counts, &counts);
+    const int64_t total = count * size();
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, total * itemsize(dtype), total, size(), t);
+    detail::note_algorithm(algorithm);
+    if (algorithm != Algorithm::library) return pairwise_all_to_all(o, send, counts, recv, counts, dtype, t);
+    if (count == 0) return;
+    const MPI_Datatype type = detail::transfer_type(dtype);
+    MPI_Request request;
+    o.check(detail::locked([&] {
+              return MPI_Ialltoall(send, static_cast<int>(count), type, recv, static_cast<int>(count), type, comm_,
+                                   &request);
+            }),
+            "MPI_Ialltoall");
+    o.wait(request, detail::library_pending);
+  }
+
+  void do_broadcast(void* buf, int64_t count, DType dtype, int root, const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t);
+    detail::note_algorithm(size() == 1 ? Algorithm::local : Algorithm::library);
+    if (size() == 1) return;
+    const MPI_Datatype type = detail::transfer_type(dtype);
+    for (int64_t offset = 0; offset < count; offset += t.max_message_elements) {
+      const int n = static_cast<int>(std::min(t.max_message_elements, count - offset));
+      MPI_Request request;
+      o.check(detail::locked([&] { return MPI_Ibcast(at(buf, offset, dtype), n, type, root, comm_, &request); }),
+              "MPI_Ibcast");
+      o.wait(request, detail::library_pending);
+    }
+  }
+
+  void do_reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, int root,
+                 const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t);
+    detail::note_algorithm(size() == 1 ? Algorithm::local : Algorithm::library);
+    const bool is_root = rank() == root;
+    if (size() == 1) return copy(recv, send, count, dtype);
+    if (count == 0) return;
+    const DType wire = staged(dtype, op) ? DType::f32 : dtype;
+    std::vector<float> wide_send, wide_recv;
+    const void* in = send;
+    void* out = recv;
+    if (wire != dtype) {
+      wide_send.resize(static_cast<size_t>(count));
+      widen(send, wide_send.data(), count, dtype);
+      in = wide_send.data();
+      if (is_root) {
+        wide_recv.resize(static_cast<size_t>(count));
+        out = wide_recv.data();
+      }
+    }
+    const MPI_Datatype type = detail::transfer_type(wire);
+    const MPI_Op mop = reduction(wire, op);
+    const bool in_place = is_root && in == out;
+    for (int64_t offset = 0; offset < count; offset += t.max_message_elements) {
+      const int n = static_cast<int>(std::min(t.max_message_elements, count - offset));
+      const void* s = in_place ? MPI_IN_PLACE : at(in, offset, wire);
+      void* r = is_root ? at(out, offset, wire) : nullptr;
+      MPI_Request request;
+      o.check(detail::locked([&] { return MPI_Ireduce(s, r, n, type, mop, root, comm_, &request); }), "MPI_Ireduce");
+      o.wait(request, detail::library_pending);
+    }
+    if (!is_root) return;
+    if (op == ReduceOp::avg) ::tessera::detail::scale_for_avg(out, count, wire, size());
+    if (wire != dtype) narrow(wide_recv.data(), recv, count, dtype);
+  }
+
+  void do_gather(const void* send, void* recv, int64_t count, DType dtype, int root,
+                 const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t);
+    const int64_t total = count * size();
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, total * itemsize(dtype), total, size(), t);
+    detail::note_algorithm(algorithm);
+    const bool is_root = rank() == root;
+    if (algorithm == Algorithm::local) return copy(recv, send, count, dtype);
+    if (count == 0) return;
+    if (algorithm == Algorithm::pairwise) {
+      std::vector<detail::Transfer> sends, recvs;
+      if (is_root) {
+        copy(at(recv, count * root, dtype), send, count, dtype);
+        for (int p = 0; p < size(); ++p)
+          if (p != root) recvs.push_back({p, at(recv, count * p, dtype), count});
+      } else {
+        sends.push_back({root, const_cast<void*>(send), count});
+      }
+      return detail::exchange(o, sends, recvs, dtype, t.max_message_elements, o.tag());
+    }
+    const MPI_Datatype type = detail::transfer_type(dtype);
+    const bool in_place = is_root && send == at(recv, count * root, dtype);
+    MPI_Request request;
+    o.check(detail::locked([&] {
+              return MPI_Igather(in_place ? MPI_IN_PLACE : send, static_cast<int>(count), type, recv,
+                                 static_cast<int>(count), type, root, comm_, &request);
+            }),
+            "MPI_Igather");
+    o.wait(request, detail::library_pending);
+  }
+
+  void do_scatter(const void* send, void* recv, int64_t count, DType dtype, int root,
+                  const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t);
+    const int64_t total = count * size();
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, total * itemsize(dtype), total, size(), t);
+    detail::note_algorithm(algorithm);
+    const bool is_root = rank() == root;
+    if (algorithm == Algorithm::local) return copy(recv, send, count, dtype);
+    if (count == 0) return;
+    if (algorithm == Algorithm::pairwise) {
+      std::vector<detail::Transfer> sends, recvs;
+      if (is_root) {
+        copy(recv, at(send, count * root, dtype), count, dtype);
+        for (int p = 0; p < size(); ++p)
+          if (p != root) sends.push_back({p, const_cast<std::byte*>(at(send, count * p, dtype)), count});
+      } else {
+        recvs.push_back({root, recv, count});
+      }
+      return detail::exchange(o, sends, recvs, dtype, t.max_message_elements, o.tag());
+    }
+    const MPI_Datatype type = detail::transfer_type(dtype);
+    const bool in_place = is_root && recv == at(send, count * root, dtype);
+    MPI_Request request;
+    o.check(detail::locked([&] {
+              return MPI_Iscatter(send, static_cast<int>(count), type, in_place ? MPI_IN_PLACE : recv,
+                                  static_cast<int>(count), type, root, comm_, &request);
+            }),
+            "MPI_Iscatter");
+    o.wait(request, detail::library_pending);
+  }
+
+  void do_barrier(const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t);
+    detail::note_algorithm(size() == 1 ? Algorithm::local : Algorithm::library);
+    if (size() == 1) return;
+    MPI_Request request;
+    o.check(detail::locked([&] { return MPI_Ibarrier(comm_, &request); }), "MPI_Ibarrier");
+    o.wait(request, detail::library_pending);
+  }
+
+  std::shared_ptr<Communicator> do_split(int color, int key, const CollectiveCall& call) override {
+    const Tuning t = detail::tuning();
+    Op o = begin(call, t);
+    // Everyone's (color, key) first, with the timeout: MPI_Comm_split itself blocks, so it runs
+    // only once every rank is known to have arrived. The same table gives the world ranks.
+    const int n = size();
+    const int mine[2] = {color, key};
+    std::vector<int> table(2 * static_cast<size_t>(n));
+    if (n > 1) {
+      MPI_Request request;
+      o.check(detail::locked([&] { return MPI_Iallgather(mine, 2, MPI_INT, table.data(), 2, MPI_INT, comm_, &request); }),
+              "MPI_Iallgather");
+      o.wait(request, detail::library_pending);
+    } else {
+      table = {color, key};
+    }
+    MPI_Comm comm = MPI_COMM_NULL;
+    o.check(detail::locked([&] { return MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &comm); }),
+            "MPI_Comm_split");
+    if (color < 0) return nullptr;
+    std::vector<std::pair<std::pair<int, int>, int>> members;  // ((key, rank), rank), MPI's order
+    for (int r = 0; r < n; ++r)
+      if (table[2 * static_cast<size_t>(r)] == color) members.push_back({{table[2 * static_cast<size_t>(r) + 1], r}, r});
+    std::sort(members.begin(), members.end());
+    std::vector<int> world;
+    int my_index = -1;
+    for (const auto& m : members) {
+      if (m.second == rank()) my_index = static_cast<int>(world.size());
+      world.push_back(world_ranks()[static_cast<size_t>(m.second)]);
+    }
+    int new_rank = -1;
+    MPI_Comm_rank(comm, &new_rank);
+    TESSERA_ASSERT(new_rank == my_index, "MPI_Comm_split gave rank ", new_rank, ", expected ", my_index);
+    return make_communicator(o, comm, my_index, std::move(world));
+  }
+
+  void do_send(const void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) override {
+    // A header (count, dtype) first; the receiver answers whether it matches its recv, and only
+    // then does the data move. So both sides report a mismatch, no unmatched data is left in
+    // flight, and send returns once recv has taken the data (as on the threads backend).
+    Op o = p2p_op(call, tag);
+    const Tuning t = detail::tuning();
+    const int mpi_tag = tag + 1;
+    const int64_t header[2] = {count, static_cast<int64_t>(dtype)};
+    int64_t answer[3] = {-1, 0, 0};
+    MPI_Request requests[2];
+    o.irecv(answer, 3, MPI_INT64_T, peer, kAckTag, requests[0]);
+    o.isend(header, 2, MPI_INT64_T, peer, mpi_tag, requests[1]);
+    const auto no_recv = [&](const std::vector<int>&) { return concat("no matching recv on rank ", peer); };
+    o.wait(requests, 2, no_recv);
+    if (answer[0] != 0)
+      throw CommError(concat("[send] send/recv mismatch on ", group_.description, ": rank ", rank(), " sent ", count, " ",
+                             name(dtype), ", rank ", peer, " expects ", answer[1], " ", dtype_name(answer[2]), " (tag ",
+                             tag, ")"));
+    std::vector<detail::Transfer> data;
+    if (count > 0) data.push_back({peer, const_cast<void*>(buf), count});
+    detail::exchange(o, data, {}, dtype, t.max_message_elements, mpi_tag);
+  }
+
+  void do_recv(void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) override {
+    Op o = p2p_op(call, tag);
+    const Tuning t = detail::tuning();
+    const int mpi_tag = tag + 1;
+    int64_t header[2] = {-1, -1};
+    MPI_Request request;
+    o.irecv(header, 2, MPI_INT64_T, peer, mpi_tag, request);
+    o.wait(request, [&](const std::vector<int>&) { return concat("no matching send from rank ", peer); });
+    const int64_t sent_count = header[0], sent_dtype = header[1];
+    const bool match = sent_count == count && sent_dtype == static_cast<int64_t>(dtype);
+    const int64_t answer[3] = {match ? 0 : 1, count, static_cast<int64_t>(dtype)};
+    o.isend(answer, 3, MPI_INT64_T, peer, kAckTag, request);
+    if (!match) {
+      o.wait(request, [&](const std::vector<int>&) { return concat("rank ", peer, " stopped before the answer"); });
+      throw CommError(concat("[recv] send/recv mismatch on ", group_.description, ": rank ", peer, " sent ", sent_count,
+                             " ", dtype_name(sent_dtype), ", rank ", rank(), " expects ", count, " ", name(dtype),
+                             " (tag ", tag, ")"));
+    }
+    std::vector<detail::Transfer> data;
+    if (count > 0) data.push_back({peer, buf, count});
+    detail::exchange(o, {}, data, dtype, t.max_message_elements, mpi_tag);
+    o.wait(request, [&](const std::vector<int>&) { return concat("rank ", peer, " stopped before the answer"); });
+  }
+
+ private:
+  // The start of every collective: a failed group is not reused; in debug mode every rank's
+  // signature (and the counts of the _v forms) is compared before any data moves.
+  Op begin(const CollectiveCall& call, const Tuning& t, const std::vector<int64_t>* counts = nullptr,
+           const std::vector<int64_t>* recv_counts = nullptr) {
+    group_.check_usable(call);
+    Op o(comm_, rank(), world_ranks(), call, group_);
+    if (t.debug_collectives && size() > 1) check_signatures(o, counts, recv_counts);
+    return o;
+  }
+
+  Op p2p_op(const CollectiveCall& call, int tag) {
+    group_.check_usable(call);
+    const int tag_ub = process().tag_ub;
+    TESSERA_CHECK(tag >= 0 && tag < tag_ub, ValueError, name(call.kind), "tag ", tag, " out of range on ",
+                  group_.description, "; expected [0, ", tag_ub - 1, "] on the mpi backend");
+    return Op(p2p_, rank(), world_ranks(), call, group_);
+  }
+
+  // Debug mode: one MPI_Iallgather of a fixed-size signature (kind, dtype, count, op, root,
+  // sequence, then the _v forms' counts), compared by every rank alike, so all ranks of a
+  // desynchronised group throw the same kind of error (texts as on the threads backend).
+  void check_signatures(Op& o, const std::vector<int64_t>* counts, const std::vector<int64_t>* recv_counts) {
+    const int n = size();
+    const CollectiveCall& call = o.call();
+    const size_t width = 8 + 2 * static_cast<size_t>(n);
+    std::vector<int64_t> mine(width, 0), all(width * static_cast<size_t>(n), 0);
+    mine[0] = static_cast<int64_t>(call.kind);
+    mine[1] = static_cast<int64_t>(call.dtype);
+    mine[2] = call.count;
+    mine[3] = static_cast<int64_t>(call.op);
+    mine[4] = call.root;
+    mine[5] = static_cast<int64_t>(call.sequence);
+    if (counts) std::copy(counts->begin(), counts->end(), mine.begin() + 8);
+    if (recv_counts) std::copy(recv_counts->begin(), recv_counts->end(), mine.begin() + 8 + n);
+    MPI_Request request;
+    o.check(detail::locked([&] {
+              return MPI_Iallgather(mine.data(), static_cast<int>(width), MPI_INT64_T, all.data(), static_cast<int>(width),
+                                    MPI_INT64_T, comm_, &request);
+            }),
+            "MPI_Iallgather");
+    o.wait(request, detail::library_pending);
+    const auto row = [&](int r) { return all.data() + width * static_cast<size_t>(r); };
+    const auto call_of = [&](int r) {
+      const int64_t* s = row(r);
+      CollectiveCall c;
+      c.kind = static_cast<CollectiveKind>(std::clamp<int64_t>(s[0], 0, kNumCollectiveKinds - 1));
+      c.dtype = static_cast<DType>(std::clamp<int64_t>(s[1], 0, kNumDTypes - 1));
+      c.count = s[2];
+      c.op = static_cast<ReduceOp>(std::clamp<int64_t>(s[3], 0, kNumReduceOps - 1));
+      c.root = static_cast<int>(s[4]);
+      c.sequence = static_cast<uint64_t>(s[5]);
+      return c;
+    };
+    const CollectiveCall first = call_of(0);
+    for (int r = 1; r < n; ++r) {
+      const CollectiveCall other = call_of(r);
+      if (other.matches(first) && other.sequence == first.sequence) continue;
+      fail_exactly(o, concat("collective mismatch on ", group_.description, ": rank 0 called ", first.to_string(), " #",
+                             first.sequence, ", rank ", r, " called ", other.to_string(), " #", other.sequence));
+    }
+    if (counts && !recv_counts) {  // all_gather_v, reduce_scatter_v: one counts vector, equal everywhere
+      for (int r = 0; r < n; ++r) {
+        const std::vector<int64_t> theirs(row(r) + 8, row(r) + 8 + n);
+        if (theirs != *counts)
+          o.fail(concat("counts differ between ranks: rank ", rank(), " passed ", Shape(*counts).to_string(), ", rank ",
+                        r, " passed ", Shape(theirs).to_string()));
+      }
+    }
+    if (counts && recv_counts) {  // all_to_all(_v): what r sends to p is what p expects from r
+      for (int r = 0; r < n; ++r)
+        for (int p = 0; p < n; ++p) {
+          const int64_t sent = row(r)[8 + p], expected = row(p)[8 + n + r];
+          if (sent != expected)
+            o.fail(concat("all_to_all_v counts disagree: rank ", r, " sends ", sent, " elements to rank ", p,
+                          ", which expects ", expected));
+        }
+    }
+  }
+
+  [[noreturn]] void fail_exactly(const Op& o, const std::string& reason) {
+    group_.fail(reason);
+    throw CommError(concat("[", name(o.call().kind), "] ", reason));
+  }
+
+  void pairwise_all_to_all(Op& o, const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                           const std::vector<int64_t>& recv_counts, DType dtype, const Tuning& t) {
+    const int n = size(), r = rank();
+    const auto send_displ = displacements(send_counts), recv_displ = displacements(recv_counts);
+    const auto self = static_cast<size_t>(r);
+    if (send_counts[self] != recv_counts[self])
+      o.fail(concat("all_to_all_v counts disagree: rank ", r, " sends ", send_counts[self], " elements to rank ", r,
+                    ", which expects ", recv_counts[self]));
+    std::vector<detail::Transfer> sends, recvs;
+    for (int i = 1; i < n; ++i) {  // staggered so that not every rank talks to rank 0 first
+      const auto to = static_cast<size_t>((r + i) % n), from = static_cast<size_t>((r + n - i) % n);
+      if (recv_counts[from] > 0)
+        recvs.push_back({static_cast<int>(from), at(recv, recv_displ[from], dtype), recv_counts[from]});
+      if (send_counts[to] > 0)
+        sends.push_back({static_cast<int>(to), const_cast<std::byte*>(at(send, send_displ[to], dtype)), send_counts[to]});
+    }
+    copy(at(recv, recv_displ[self], dtype), at(send, send_displ[self], dtype), recv_counts[self], dtype);
+    if (!sends.empty() || !recvs.empty()) detail::exchange(o, sends, recvs, dtype, t.max_message_elements, o.tag());
+  }
+
+  static std::string_view dtype_name(int64_t index) {
+    return index >= 0 && index < kNumDTypes ? name(static_cast<DType>(index)) : std::string_view("?");
+  }
+
+  // Scratch for the ring's received chunks, kept between calls (a communicator runs one call at
+  // a time).
+  void* scratch(int64_t elements, DType dtype) {
+    const auto bytes = static_cast<size_t>(elements * itemsize(dtype));
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  std::shared_ptr<Communicator> make_communicator(Op& o, MPI_Comm comm, int rank, std::vector<int> world);
+
+  MPI_Comm comm_;  // collectives and the ring's point-to-point messages
+  MPI_Comm p2p_;   // the user's send/recv
+  detail::GroupState group_;
+  std::vector<std::byte> scratch_;
+};
+
+// A communicator over comm (owned from here on): its send/recv twin comes from MPI_Comm_idup,
+// waited for with the timeout of the call that creates it.
+std::shared_ptr<Communicator> make_world_communicator(MPI_Comm comm, int rank, std::vector<int> world) {
+  set_errors_return(comm);
+  MPI_Comm p2p = MPI_COMM_NULL;
+  const int rc = detail::locked([&] { return MPI_Comm_dup(comm, &p2p); });
+  if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Comm_dup failed: " + detail::error_string(rc));
+  set_errors_return(p2p);
+  return std::make_shared<MpiCommunicator>(comm, p2p, rank, std::move(world));
+}
+
+std::shared_ptr<Communicator> MpiCommunicator::make_communicator(Op& o, MPI_Comm comm, int rank, std::vector<int> world) {
+  set_errors_return(comm);
+  MPI_Comm p2p = MPI_COMM_NULL;
+  MPI_Request request;
+  o.check(detail::locked([&] { return MPI_Comm_idup(comm, &p2p, &request); }), "MPI_Comm_idup");
+  o.wait(request, detail::library_pending);
+  set_errors_return(p2p);
+  return std::make_shared<MpiCommunicator>(comm, p2p, rank, std::move(world));
+}
+
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "an unknown thread level";
+  }
+}
+
+}  // namespace
+
+bool is_available() { return true; }
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+std::shared_ptr<Communicator> init(int* argc, char*** argv) {
+  Process& p = process();
+  std::lock_guard lock(p.mutex);
+  if (auto world = p.world.lock()) return world;
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) throw CommError("[mpi::init] MPI was finalized in this process and cannot start again");
+  int provided = MPI_THREAD_SINGLE;
+  if (!initialized) {
+    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Init_thread failed: " + detail::error_string(rc));
+    p.initialized_here = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_SERIALIZED) {
+    if (p.initialized_here) {
+      MPI_Finalize();
+      p.finalized_here = true;
+    }
+    throw CommError(concat("[mpi::init] MPI provides ", thread_level_name(provided),
+                           "; Tessera needs MPI_THREAD_SERIALIZED or better (async calls run on worker threads), "
+                           "preferably MPI_THREAD_MULTIPLE"));
+  }
+  detail::serialize_calls.store(provided < MPI_THREAD_MULTIPLE);
+
+  if (!p.ops_created) {
+    for (auto& row : p.ops) row.fill(MPI_OP_NULL);
+    p.ops_created = true;
+    create_user_ops<DType::f32>(p);
+    create_user_ops<DType::f64>(p);
+    create_user_ops<DType::f16>(p);
+    create_user_ops<DType::bf16>(p);
+  }
+  int* tag_ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
+  if (found && tag_ub) p.tag_ub = *tag_ub;
+
+  // More ranks on this node than cores: waits yield at once instead of spinning first.
+  MPI_Comm node = MPI_COMM_NULL;
+  int local_ranks = 1;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_size(node, &local_ranks);
+    MPI_Comm_free(&node);
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  detail::oversubscribed.store(cores > 0 && static_cast<unsigned>(local_ranks) > cores);
+
+  MPI_Comm comm = MPI_COMM_NULL;
+  const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Comm_dup failed: " + detail::error_string(rc));
+  int rank = 0, size = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::vector<int> world(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) world[static_cast<size_t>(r)] = r;
+  auto communicator = make_world_communicator(comm, rank, std::move(world));
+  p.world = communicator;
+  return communicator;
+}
+
+void finalize() {
+  Process& p = process();
+  std::lock_guard lock(p.mutex);
+  if (!p.initialized_here || p.finalized_here) return;
+  p.finalized_here = true;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (auto& row : p.ops)
+    for (MPI_Op& op : row)
+      if (op != MPI_OP_NULL) MPI_Op_free(&op);
+  p.ops_created = false;
+  MPI_Finalize();
+}
+
+void abort(int code, const std::string& reason) {
+  std::fprintf(stderr, "tessera: %s\n", reason.c_str());
+  std::fflush(stderr);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+}  // namespace tessera::mpi

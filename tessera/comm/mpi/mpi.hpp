@@ -1,0 +1,24 @@
+#pragma once
+// The MPI backend: one rank per process, started by mpirun/mpiexec. Built when
+// TESSERA_WITH_MPI=ON (mpi.cpp); otherwise a stub (mpi_stub.cpp) whose is_available() is false.
+#include <memory>
+#include <string>
+
+#include <tessera/comm/communicator.hpp>
+
+namespace tessera::mpi {
+
+/// True when Tessera was built with MPI.
+bool is_available();
+/// True when this process was started by an MPI launcher (mpirun/mpiexec/srun environment).
+bool launched_by_mpirun();
+/// Initialises MPI once (thread level MPI_THREAD_SERIALIZED or better) and returns this
+/// process's world communicator. Throws CommError if MPI is unavailable or fails.
+std::shared_ptr<Communicator> init(int* argc, char*** argv);
+/// Finalises MPI if init() initialised it. Idempotent.
+void finalize();
+/// Ends every process of the job (MPI_Abort) after printing reason: a failed rank cannot
+/// unblock its peers otherwise.
+[[noreturn]] void abort(int code, const std::string& reason);
+
+}  // namespace tessera::mpi

@@ -1,0 +1,542 @@
+// Threads backend. Every collective is: post this rank's arguments in its slot, rendezvous
+// (arrive), check that all ranks called the same thing, move data by reading peers' posted
+// buffers directly, rendezvous again (depart) so no buffer is released while a peer still
+// reads it. Slots are rewritten only after the next arrival of every rank, so reading them
+// between the two rendezvous is race-free.
+#include <tessera/comm/threads/threads.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include <tessera/comm/detail/reduce_kernels.hpp>
+#include <tessera/core/error.hpp>
+#include <tessera/core/shape.hpp>
+
+namespace tessera::threads {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Below this many bytes each rank reduces the whole buffer itself (one rendezvous less work to
+// split); above it every rank reduces only its own slice and the slices are then gathered.
+constexpr int64_t kSplitReductionBytes = 64 * 1024;
+
+// Shared by every group of one launch: the failure flag that unblocks everyone.
+struct World {
+  std::atomic<bool> aborted{false};
+  std::mutex mutex;
+  std::string reason;
+
+  void abort(const std::string& why) {
+    std::lock_guard lock(mutex);
+    if (!aborted.load()) reason = why;
+    aborted.store(true);
+  }
+  std::string abort_reason() {
+    std::lock_guard lock(mutex);
+    return reason;
+  }
+};
+
+// What one rank posts for the current call. The counts are copies, not pointers to the
+// caller's vectors: when the count check fails every rank throws without the departing
+// rendezvous, so a peer may still read them after their owner has left.
+struct Slot {
+  CollectiveCall call;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::vector<int64_t> counts{};       // recv_counts / counts
+  std::vector<int64_t> send_counts{};  // all_to_all_v
+  int color = 0, key = 0;              // split
+};
+
+struct Message {
+  int src, dst, tag;
+  const void* data;
+  int64_t count;
+  DType dtype;
+  bool done = false;
+  std::string error;  // set by the receiver on a mismatch
+};
+
+class Group {
+ public:
+  Group(std::shared_ptr<World> world, std::vector<int> world_ranks)
+      : world_(std::move(world)),
+        world_ranks_(std::move(world_ranks)),
+        size_(static_cast<int>(world_ranks_.size())),
+        slots_(static_cast<size_t>(size_)),
+        scratch_(static_cast<size_t>(size_)),
+        split_result_(static_cast<size_t>(size_)),
+        arrivals_(static_cast<size_t>(size_)) {}
+
+  int size() const { return size_; }
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+  World& world() { return *world_; }
+  const std::shared_ptr<World>& world_ptr() const { return world_; }
+  Slot& slot(int r) { return slots_[static_cast<size_t>(r)]; }
+  std::vector<std::byte>& scratch(int r) { return scratch_[static_cast<size_t>(r)]; }
+  std::shared_ptr<Group>& split_result(int r) { return split_result_[static_cast<size_t>(r)]; }
+
+  std::string describe() const {
+    std::ostringstream out;
+    out << "group[";
+    for (size_t i = 0; i < world_ranks_.size(); ++i) out << (i ? ", " : "") << world_ranks_[i];
+    out << "] (threads)";
+    return out.str();
+  }
+
+  // Throws if the world aborted or this group failed earlier.
+  void check_usable(const CollectiveCall& call) {
+    if (world_->aborted.load(std::memory_order_acquire))
+      throw CommError(detail::concat("[", name(call.kind), "] aborted on ", describe(), ": ", world_->abort_reason()));
+    if (broken_.load(std::memory_order_acquire)) {
+      std::lock_guard lock(mutex_);
+      throw CommError(detail::concat("[", name(call.kind), "] ", describe(), " failed earlier and cannot be used: ",
+                                     broken_reason_));
+    }
+  }
+
+  // Marks the group failed (first reason wins) and wakes every waiter.
+  void fail(const std::string& reason) {
+    {
+      std::lock_guard lock(mutex_);
+      fail_locked(reason);
+    }
+    cv_.notify_all();
+  }
+
+  // fail() for a caller that holds mutex_ (it notifies nobody).
+  void fail_locked(const std::string& reason) {
+    if (!broken_.load()) broken_reason_ = reason;
+    broken_.store(true, std::memory_order_release);
+  }
+
+  // Rendezvous of all ranks of the group. Spins briefly, then blocks; throws CommError on
+  // abort, on a failed group and after the timeout (naming the ranks that did not arrive).
+  // Leaving early is safe only while the peers cannot read this rank's buffers:
+  // - arriving (interruptible): the rank first takes its arrival back, so the rendezvous can
+  //   no longer complete without it; if every rank already arrived, the completion is on its
+  //   way (the last rank waits for this mutex to signal it) and the rank waits for it.
+  // - departing (not interruptible): peers between the two rendezvous may still be copying
+  //   from this rank's buffers, so abort and failed groups are ignored and only the timeout
+  //   (a peer stuck that long) ends the wait.
+  void rendezvous(int rank, const CollectiveCall& call, bool interruptible) {
+    const uint64_t gen = generation_.load(std::memory_order_acquire);
+    const uint64_t mine = arrivals_[static_cast<size_t>(rank)].fetch_add(1, std::memory_order_acq_rel) + 1;
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == size_) {
+      arrived_.store(0, std::memory_order_relaxed);
+      {
+        std::lock_guard lock(mutex_);
+        generation_.fetch_add(1, std::memory_order_release);
+      }
+      cv_.notify_all();
+      return;
+    }
+    for (int i = 0; i < 256; ++i) {
+      if (generation_.load(std::memory_order_acquire) != gen) return;
+      cpu_relax();
+    }
+    for (int i = 0; i < 16; ++i) {
+      if (generation_.load(std::memory_order_acquire) != gen) return;
+      std::this_thread::yield();
+    }
+    const auto deadline = Clock::now() + std::chrono::duration<double>(comm_timeout_seconds());
+    std::unique_lock lock(mutex_);
+    while (generation_.load(std::memory_order_acquire) == gen) {
+      const bool failed =
+          interruptible && (world_->aborted.load(std::memory_order_acquire) || broken_.load(std::memory_order_acquire));
+      const bool late = Clock::now() >= deadline;
+      if ((failed || late) && (!interruptible || retract_arrival())) {
+        if (failed) {
+          lock.unlock();
+          check_usable(call);  // throws
+          lock.lock();
+        }
+        std::ostringstream missing;
+        int n = 0;
+        for (int r = 0; r < size_; ++r)
+          if (arrivals_[static_cast<size_t>(r)].load(std::memory_order_acquire) < mine) missing << (n++ ? ", " : "") << r;
+        const std::string reason = detail::concat(
+            "timeout after ", comm_timeout_seconds(), " s in ", call.to_string(), " #", call.sequence, " on ", describe(),
+            ": group ranks [", missing.str(), "] did not arrive");
+        lock.unlock();
+        fail(reason);
+        throw CommError(detail::concat("[", name(call.kind), "] ", reason));
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+
+  // Every rank checks every slot after arrival; all ranks see the same slots, so all agree.
+  void check_signatures(const CollectiveCall& call) {
+    const Slot& first = slot(0);
+    for (int r = 1; r < size_; ++r) {
+      const Slot& other = slot(r);
+      if (other.call.matches(first.call) && other.call.sequence == first.call.sequence) continue;
+      const std::string reason = detail::concat(
+          "collective mismatch on ", describe(), ": rank 0 called ", first.call.to_string(), " #", first.call.sequence,
+          ", rank ", r, " called ", other.call.to_string(), " #", other.call.sequence);
+      fail(reason);
+      throw CommError(detail::concat("[", name(call.kind), "] ", reason));
+    }
+  }
+
+  // Posts, arrives and checks: the first half of every collective.
+  void arrive(int rank, const Slot& posted) {
+    check_usable(posted.call);
+    slot(rank) = posted;
+    rendezvous(rank, posted.call, /*interruptible=*/true);
+    check_signatures(posted.call);
+  }
+
+  // Point to point: the sender waits until the receiver copied (one copy, no staging).
+  void send(int rank, const void* data, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) {
+    check_usable(call);
+    Message message{rank, peer, tag, data, count, dtype, false, {}};
+    std::unique_lock lock(mutex_);
+    mailbox_.push_back(&message);
+    cv_.notify_all();
+    try {
+      wait_locked(lock, call, [&] { return message.done; },
+                  [&] { return detail::concat("no matching recv on rank ", peer); });
+    } catch (...) {  // the message lives on this stack: withdraw it before leaving
+      if (!lock.owns_lock()) lock.lock();
+      mailbox_.remove(&message);
+      throw;
+    }
+    if (!message.error.empty()) throw CommError(detail::concat("[send] ", message.error));
+  }
+
+  void recv(int rank, void* data, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) {
+    check_usable(call);
+    std::unique_lock lock(mutex_);
+    Message* found = nullptr;
+    wait_locked(lock, call, [&] {
+      for (Message* m : mailbox_)
+        if (m->src == peer && m->dst == rank && m->tag == tag) {
+          found = m;
+          return true;
+        }
+      return false;
+    }, [&] { return detail::concat("no matching send from rank ", peer); });
+    mailbox_.remove(found);
+    std::string error;
+    if (found->count != count || found->dtype != dtype) {
+      error = detail::concat("send/recv mismatch on ", describe(), ": rank ", peer, " sent ", found->count, " ",
+                             name(found->dtype), ", rank ", rank, " expects ", count, " ", name(dtype), " (tag ", tag, ")");
+      found->error = error;
+    } else {
+      std::memcpy(data, found->data, static_cast<size_t>(count * itemsize(dtype)));
+    }
+    found->done = true;
+    cv_.notify_all();
+    if (!error.empty()) throw CommError(detail::concat("[recv] ", error));
+  }
+
+ private:
+  // Takes back one arrival of the current rendezvous unless it already completed (the count
+  // reached size_, or was reset to 0, and the last rank is about to signal). Called with
+  // mutex_ held, so the completion cannot be signalled meanwhile.
+  bool retract_arrival() {
+    int count = arrived_.load(std::memory_order_acquire);
+    while (count > 0 && count < size_)
+      if (arrived_.compare_exchange_weak(count, count - 1, std::memory_order_acq_rel)) return true;
+    return false;
+  }
+
+  template <class Ready, class OnTimeout>
+  void wait_locked(std::unique_lock<std::mutex>& lock, const CollectiveCall& call, Ready ready, OnTimeout on_timeout) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(comm_timeout_seconds());
+    while (!ready()) {
+      if (world_->aborted.load() || broken_.load()) {
+        lock.unlock();
+        check_usable(call);
+        lock.lock();
+      }
+      if (Clock::now() >= deadline) {
+        const std::string reason = detail::concat("timeout after ", comm_timeout_seconds(), " s in ", call.to_string(),
+                                                  " #", call.sequence, " on ", describe(), ": ", on_timeout());
+        // A timeout fails the group, as in a collective: its later calls are refused.
+        fail_locked(reason);
+        cv_.notify_all();
+        throw CommError(detail::concat("[", name(call.kind), "] ", reason));
+      }
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+
+  std::shared_ptr<World> world_;
+  std::vector<int> world_ranks_;
+  int size_;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<std::byte>> scratch_;
+  std::vector<std::shared_ptr<Group>> split_result_;
+  std::vector<std::atomic<uint64_t>> arrivals_;  // rendezvous calls per rank (who is missing)
+  std::atomic<int> arrived_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> broken_{false};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::string broken_reason_;
+  std::list<Message*> mailbox_;
+};
+
+// Offsets of packed blocks.
+std::vector<int64_t> displacements(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> d(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) d[i + 1] = d[i] + counts[i];
+  return d;
+}
+
+const std::byte* at(const void* p, int64_t elements, DType dtype) {
+  return static_cast<const std::byte*>(p) + elements * itemsize(dtype);
+}
+std::byte* at(void* p, int64_t elements, DType dtype) { return static_cast<std::byte*>(p) + elements * itemsize(dtype); }
+
+void copy(void* dst, const void* src, int64_t count, DType dtype) {
+  if (count > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(count * itemsize(dtype)));
+}
+
+class ThreadCommunicator final : public Communicator {
+ public:
+  ThreadCommunicator(std::shared_ptr<Group> group, int rank)
+      : Communicator(rank, group->world_ranks()), group_(std::move(group)) {}
+  ~ThreadCommunicator() override { synchronize(); }
+
+  std::string_view backend() const override { return "threads"; }
+  World& world() const { return group_->world(); }
+
+ protected:
+  void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op, const CollectiveCall& call) override {
+    Slot s{call};
+    s.recv = buf;
+    group_->arrive(rank(), s);
+    const int n = size();
+    std::vector<const void*> inputs(static_cast<size_t>(n));
+    const int64_t bytes = count * itemsize(dtype);
+    if (bytes < kSplitReductionBytes || count < n) {
+      for (int k = 0; k < n; ++k) inputs[static_cast<size_t>(k)] = group_->slot(k).recv;
+      auto& scratch = group_->scratch(rank());
+      scratch.resize(static_cast<size_t>(bytes));
+      if (count > 0) detail::reduce_buffers(scratch.data(), inputs.data(), n, count, dtype, op);
+      depart(call);  // every rank has read every input
+      copy(buf, scratch.data(), count, dtype);
+      return;
+    }
+    // Each rank reduces its own slice into its scratch, then gathers the others' slices.
+    const auto slice = [&](int r) { return std::pair{count * r / n, count * (r + 1) / n}; };
+    const auto [lo, hi] = slice(rank());
+    for (int k = 0; k < n; ++k) inputs[static_cast<size_t>(k)] = at(group_->slot(k).recv, lo, dtype);
+    auto& scratch = group_->scratch(rank());
+    scratch.resize(static_cast<size_t>((hi - lo) * itemsize(dtype)));
+    detail::reduce_buffers(scratch.data(), inputs.data(), n, hi - lo, dtype, op);
+    depart(call);
+    for (int k = 0; k < n; ++k) {
+      const auto [klo, khi] = slice(k);
+      copy(at(buf, klo, dtype), group_->scratch(k).data(), khi - klo, dtype);
+    }
+  }
+
+  void do_all_gather_v(const void* send, void* recv, const std::vector<int64_t>& counts, DType dtype,
+                       const CollectiveCall& call) override {
+    Slot s{call};
+    s.send = send;
+    s.counts = counts;
+    group_->arrive(rank(), s);
+    check_equal_counts(counts, call);
+    const auto displ = displacements(counts);
+    for (int k = 0; k < size(); ++k)
+      copy(at(recv, displ[static_cast<size_t>(k)], dtype), group_->slot(k).send, counts[static_cast<size_t>(k)], dtype);
+    depart(call);
+  }
+
+  void do_reduce_scatter_v(const void* send, void* recv, const std::vector<int64_t>& counts, DType dtype, ReduceOp op,
+                           const CollectiveCall& call) override {
+    Slot s{call};
+    s.send = send;
+    s.counts = counts;
+    group_->arrive(rank(), s);
+    check_equal_counts(counts, call);
+    const auto displ = displacements(counts);
+    const int64_t mine = counts[static_cast<size_t>(rank())];
+    std::vector<const void*> inputs(static_cast<size_t>(size()));
+    for (int k = 0; k < size(); ++k)
+      inputs[static_cast<size_t>(k)] = at(group_->slot(k).send, displ[static_cast<size_t>(rank())], dtype);
+    if (mine > 0) detail::reduce_buffers(recv, inputs.data(), size(), mine, dtype, op);
+    depart(call);
+  }
+
+  void do_all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                       const std::vector<int64_t>& recv_counts, DType dtype, const CollectiveCall& call) override {
+    Slot s{call};
+    s.send = send;
+    s.send_counts = send_counts;
+    s.counts = recv_counts;
+    group_->arrive(rank(), s);
+    // send_counts[p] on rank r must equal recv_counts[r] on rank p: every rank checks all pairs.
+    for (int r = 0; r < size(); ++r)
+      for (int p = 0; p < size(); ++p) {
+        const int64_t sent = group_->slot(r).send_counts[static_cast<size_t>(p)];
+        const int64_t expected = group_->slot(p).counts[static_cast<size_t>(r)];
+        if (sent != expected) fail(call, detail::concat("all_to_all_v counts disagree: rank ", r, " sends ", sent,
+                                                        " elements to rank ", p, ", which expects ", expected));
+      }
+    const auto my_displ = displacements(recv_counts);
+    for (int p = 0; p < size(); ++p) {
+      const auto peer_displ = displacements(group_->slot(p).send_counts);
+      copy(at(recv, my_displ[static_cast<size_t>(p)], dtype),
+           at(group_->slot(p).send, peer_displ[static_cast<size_t>(rank())], dtype), recv_counts[static_cast<size_t>(p)],
+           dtype);
+    }
+    depart(call);
+  }
+
+  void do_broadcast(void* buf, int64_t count, DType dtype, int root, const CollectiveCall& call) override {
+    Slot s{call};
+    s.recv = buf;
+    group_->arrive(rank(), s);
+    if (rank() != root) copy(buf, group_->slot(root).recv, count, dtype);
+    depart(call);
+  }
+
+  void do_reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, int root,
+                 const CollectiveCall& call) override {
+    Slot s{call};
+    s.send = send;
+    group_->arrive(rank(), s);
+    if (rank() == root && count > 0) {
+      std::vector<const void*> inputs(static_cast<size_t>(size()));
+      for (int k = 0; k < size(); ++k) inputs[static_cast<size_t>(k)] = group_->slot(k).send;
+      // recv may alias this rank's send: reduce into scratch first.
+      auto& scratch = group_->scratch(rank());
+      scratch.resize(static_cast<size_t>(count * itemsize(dtype)));
+      detail::reduce_buffers(scratch.data(), inputs.data(), size(), count, dtype, op);
+      depart(call);
+      copy(recv, scratch.data(), count, dtype);
+      return;
+    }
+    depart(call);
+  }
+
+  void do_gather(const void* send, void* recv, int64_t count, DType dtype, int root,
+                 const CollectiveCall& call) override {
+    Slot s{call};
+    s.send = send;
+    group_->arrive(rank(), s);
+    if (rank() == root)
+      for (int k = 0; k < size(); ++k) copy(at(recv, count * k, dtype), group_->slot(k).send, count, dtype);
+    depart(call);
+  }
+
+  void do_scatter(const void* send, void* recv, int64_t count, DType dtype, int root,
+                  const CollectiveCall& call) override {
+    Slot s{call};
+    s.send = send;
+    group_->arrive(rank(), s);
+    copy(recv, at(group_->slot(root).send, count * rank(), dtype), count, dtype);
+    depart(call);
+  }
+
+  void do_send(const void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) override {
+    group_->send(rank(), buf, count, dtype, peer, tag, call);
+  }
+
+  void do_recv(void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) override {
+    group_->recv(rank(), buf, count, dtype, peer, tag, call);
+  }
+
+  void do_barrier(const CollectiveCall& call) override {
+    Slot s{call};
+    group_->arrive(rank(), s);
+    // Without the second rendezvous a rank leaving first could post its next call into its
+    // slot while a peer still compares this call's signatures (a false desync).
+    depart(call);
+  }
+
+  std::shared_ptr<Communicator> do_split(int color, int key, const CollectiveCall& call) override {
+    Slot s{call};
+    s.color = color;
+    s.key = key;
+    group_->arrive(rank(), s);
+    std::vector<std::pair<std::pair<int, int>, int>> members;  // ((key, rank), rank)
+    if (color >= 0)
+      for (int r = 0; r < size(); ++r)
+        if (group_->slot(r).color == color) members.push_back({{group_->slot(r).key, r}, r});
+    std::sort(members.begin(), members.end());
+    int my_index = -1;
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i].second == rank()) my_index = static_cast<int>(i);
+    if (my_index == 0) {  // the leader creates the shared group
+      std::vector<int> world;
+      for (const auto& m : members) world.push_back(world_ranks()[static_cast<size_t>(m.second)]);
+      group_->split_result(rank()) = std::make_shared<Group>(group_->world_ptr(), std::move(world));
+    }
+    depart(call);
+    if (color < 0) return nullptr;
+    const int leader = members.front().second;
+    return std::make_shared<ThreadCommunicator>(group_->split_result(leader), my_index);
+  }
+
+ private:
+  void depart(const CollectiveCall& call) { group_->rendezvous(rank(), call, /*interruptible=*/false); }
+
+  [[noreturn]] void fail(const CollectiveCall& call, const std::string& what) {
+    const std::string reason = detail::concat(what, " on ", group_->describe());
+    group_->fail(reason);
+    throw CommError(detail::concat("[", name(call.kind), "] ", reason));
+  }
+
+  // The counts vector of the _v collectives must be the same on every rank.
+  void check_equal_counts(const std::vector<int64_t>& counts, const CollectiveCall& call) {
+    for (int r = 0; r < size(); ++r)
+      if (group_->slot(r).counts != counts)
+        fail(call, detail::concat("counts differ between ranks: rank ", rank(), " passed ", Shape(counts).to_string(),
+                                  ", rank ", r, " passed ", Shape(group_->slot(r).counts).to_string()));
+  }
+
+  std::shared_ptr<Group> group_;
+};
+
+}  // namespace
+
+bool is_available() { return true; }
+
+std::vector<std::shared_ptr<Communicator>> make_world(int nranks) {
+  TESSERA_CHECK(nranks >= 1, ValueError, "threads::make_world", "need at least 1 rank, got ", nranks);
+  std::vector<int> ranks(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) ranks[static_cast<size_t>(r)] = r;
+  auto group = std::make_shared<Group>(std::make_shared<World>(), ranks);
+  std::vector<std::shared_ptr<Communicator>> world;
+  for (int r = 0; r < nranks; ++r) world.push_back(std::make_shared<ThreadCommunicator>(group, r));
+  return world;
+}
+
+void abort_world(const Communicator& comm, const std::string& reason) {
+  const auto* threads = dynamic_cast<const ThreadCommunicator*>(&comm);
+  TESSERA_CHECK(threads != nullptr, ValueError, "threads::abort_world", comm.to_string(),
+                " is not a threads-backend communicator");
+  threads->world().abort(reason);
+}
+
+}  // namespace tessera::threads

@@ -1,0 +1,74 @@
+#pragma once
+// DeviceMesh: a cheap handle on a named grid of ranks and its communicators.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tessera/comm/communicator.hpp>
+#include <tessera/mesh/mesh_spec.hpp>
+
+namespace tessera {
+
+/// A named n-d grid of ranks (MeshSpec) plus, for the calling rank, one communicator per mesh
+/// dim over the ranks that differ from it only in that coordinate, created once at construction
+/// and shared by every copy of the handle.
+///
+/// Every rank of the world constructs the same mesh (construction is collective over the world,
+/// and so is flatten() over the mesh it is called on). A rank outside the mesh (a mesh over a
+/// subset of the world, or a slice that excludes it) gets a handle whose queries of the mesh as
+/// a whole work (shape, names, to_string) and whose per-rank uses (coordinate, comm, [] ...)
+/// throw ShardingError naming the rank and the mesh.
+/// Example: `DeviceMesh mesh({2, 2}, {"dp", "tp"});` prints `mesh[dp=2, tp=2]`.
+class DeviceMesh {
+ public:
+  /// Ranks 0..N-1 row-major; N must equal world_size(). Collective over the world.
+  /// Throws ShardingError for a shape/rank-count mismatch, duplicate or empty names, sizes < 1.
+  DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> names);
+  /// Explicit world ranks (row-major), possibly a subset of the world. Collective over the world.
+  DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int> ranks);
+
+  /// The pure description the sharding layer sees.
+  const MeshSpec& spec() const;
+  int64_t ndim() const { return spec().ndim(); }
+  int64_t size() const { return spec().size(); }
+  int64_t size(std::string_view axis) const { return spec().size(axis); }
+  int64_t size(int64_t dim) const { return spec().size(dim); }
+  const std::vector<std::string>& axis_names() const { return spec().names(); }
+  /// True if the calling rank is one of the mesh's ranks.
+  bool is_member() const;
+  /// The calling rank's coordinates. Throws ShardingError for a rank outside the mesh.
+  std::vector<int64_t> coordinate() const;
+  /// The calling rank's index along one axis.
+  int64_t coordinate(std::string_view axis) const;
+  /// Communicator of one mesh dim through the calling rank (group rank = coordinate on that dim).
+  Communicator& comm(int64_t dim) const;
+  Communicator& comm(std::string_view axis) const { return comm(spec().dim_of(axis)); }
+  std::shared_ptr<Communicator> comm_ptr(int64_t dim) const;
+
+  /// The 1-d mesh along `axis` through the calling rank. No communication.
+  DeviceMesh operator[](std::string_view axis) const;
+  /// Fixes some coordinates (Monarch slice_mesh): the mesh of the remaining axes over the ranks
+  /// at those coordinates. No communication. Throws ShardingError for an unknown axis or a
+  /// coordinate out of range.
+  DeviceMesh slice(const std::map<std::string, int64_t>& at) const;
+  /// The 1-d mesh over `axes` (row-major in the order given) through the calling rank, named
+  /// `name` (default: the axis names joined by '_'). Collective over this mesh's whole world
+  /// (every rank that built it); the result is cached, so later calls communicate no more.
+  DeviceMesh flatten(const std::vector<std::string>& axes, std::string name = "") const;
+
+  /// "mesh[dp=2, tp=2]".
+  std::string to_string() const { return spec().to_string(); }
+
+  struct State;
+
+ private:
+  explicit DeviceMesh(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  const State& member_state(const char* op) const;
+
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace tessera

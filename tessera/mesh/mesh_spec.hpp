@@ -1,0 +1,56 @@
+#pragma once
+// MeshSpec: the pure description of a device mesh (shape, axis names, ranks). What the
+// sharding layer sees; no communicators, no runtime.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tessera/core/shape.hpp>
+
+namespace tessera {
+
+/// Ranks laid out on a named n-d grid, row-major. Immutable value.
+/// Constraints: one name per dim, names unique and non-empty, sizes >= 1, one world rank per
+/// grid point, ranks distinct and >= 0. A 0-d mesh holds one rank.
+/// Example: `mesh[dp=2, tp=2]` over ranks [0, 1, 2, 3]: rank 2 is at (dp=1, tp=0).
+class MeshSpec {
+ public:
+  MeshSpec() = default;
+  /// Ranks default to 0..size-1. Throws ShardingError naming the mesh for any broken constraint.
+  MeshSpec(Shape shape, std::vector<std::string> names, std::vector<int> ranks = {});
+
+  const Shape& shape() const { return shape_; }
+  const std::vector<std::string>& names() const { return names_; }
+  /// World rank at each grid point, row-major.
+  const std::vector<int>& ranks() const { return ranks_; }
+  int64_t ndim() const { return shape_.size(); }
+  int64_t size() const { return static_cast<int64_t>(ranks_.size()); }
+  int64_t size(int64_t dim) const;
+  int64_t size(std::string_view axis) const { return shape_[dim_of(axis)]; }
+  /// Index of the named axis. Throws ShardingError naming the mesh if unknown.
+  int64_t dim_of(std::string_view axis) const;
+  /// True if world_rank is one of the mesh's ranks.
+  bool contains(int world_rank) const;
+  /// Grid coordinates of world_rank. Throws ShardingError if it is not in the mesh.
+  std::vector<int64_t> coordinate_of(int world_rank) const;
+  /// World rank at coordinates. Throws ShardingError if out of range.
+  int rank_at(const std::vector<int64_t>& coordinate) const;
+  /// "mesh[dp=2, tp=2]"; ranks are shown when they are not 0..size-1: "mesh[tp=2] ranks [4, 5]".
+  std::string to_string() const;
+
+  friend bool operator==(const MeshSpec&, const MeshSpec&) = default;
+
+ private:
+  Shape shape_;
+  std::vector<std::string> names_;
+  std::vector<int> ranks_;
+};
+
+}  // namespace tessera
+
+template <>
+struct std::hash<tessera::MeshSpec> {
+  size_t operator()(const tessera::MeshSpec& mesh) const noexcept;
+};

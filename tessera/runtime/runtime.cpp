@@ -1,0 +1,179 @@
+#include <tessera/runtime/runtime.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <tessera/comm/mpi/mpi.hpp>
+#include <tessera/comm/threads/threads.hpp>
+#include <tessera/core/error.hpp>
+
+namespace tessera {
+
+namespace {
+
+struct RankContext {
+  int rank = -1;
+  int world_size = 0;
+  std::shared_ptr<Communicator> world;
+};
+
+thread_local RankContext context;
+
+// Sets this thread's rank context for the lifetime of the scope.
+class ContextScope {
+ public:
+  ContextScope(int rank, int size, std::shared_ptr<Communicator> world) { context = {rank, size, std::move(world)}; }
+  ~ContextScope() { context = {}; }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+};
+
+void require_rank(const char* op) {
+  TESSERA_CHECK(context.world != nullptr, ValueError, op,
+                "called outside a rank; run the code inside tessera::run or tessera::launch");
+}
+
+// Rethrows `error` as the same Tessera kind with "rank r: " in front of its message.
+[[noreturn]] void rethrow_on_caller(std::exception_ptr error, int failed_rank) {
+  const std::string prefix = "rank " + std::to_string(failed_rank) + " failed: ";
+  try {
+    std::rethrow_exception(error);
+  } catch (const ValueError& e) {
+    throw ValueError(prefix + e.what());
+  } catch (const ShardingError& e) {
+    throw ShardingError(prefix + e.what());
+  } catch (const CommError& e) {
+    throw CommError(prefix + e.what());
+  } catch (const InternalError& e) {
+    throw InternalError(prefix + e.what());
+  } catch (const std::exception& e) {
+    throw Error(prefix + e.what());
+  } catch (...) {
+    throw Error(prefix + "a non-standard exception");
+  }
+}
+
+std::string message_of(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "a non-standard exception";
+  }
+}
+
+enum class Backend { threads, mpi };
+
+Backend choose_backend() {
+  if (const char* forced = std::getenv("TESSERA_BACKEND")) {
+    const std::string_view value(forced);
+    if (value == "mpi") return Backend::mpi;
+    TESSERA_CHECK(value == "threads" || value.empty(), ValueError, "run", "TESSERA_BACKEND='", value,
+                  "' is not a backend; expected threads or mpi");
+    return Backend::threads;
+  }
+  return mpi::launched_by_mpirun() ? Backend::mpi : Backend::threads;
+}
+
+int ranks_from(int argc, char** argv) {
+  int ranks = 4;
+  if (const char* env = std::getenv("TESSERA_RANKS")) ranks = std::atoi(env);
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg(argv[i]);
+    if (arg == "--ranks" && i + 1 < argc) ranks = std::atoi(argv[i + 1]);
+    else if (arg.rfind("--ranks=", 0) == 0) ranks = std::atoi(argv[i] + std::strlen("--ranks="));
+  }
+  TESSERA_CHECK(ranks >= 1, ValueError, "run", "the number of ranks must be at least 1, got ", ranks,
+                " (from --ranks or TESSERA_RANKS)");
+  return ranks;
+}
+
+}  // namespace
+
+void launch(int nranks, std::function<void()> body) {
+  TESSERA_CHECK(nranks >= 1, ValueError, "launch", "the number of ranks must be at least 1, got ", nranks);
+  TESSERA_CHECK(!in_rank(), ValueError, "launch", "called from inside rank ", context.rank,
+                "; nested launches are not supported");
+  const auto world = threads::make_world(nranks);
+  std::mutex mutex;
+  std::exception_ptr first_error;  // the first failure that is not a consequence of another
+  int first_rank = -1;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(nranks));
+  for (int r = 0; r < nranks; ++r) {
+    threads.emplace_back([&, r] {
+      ContextScope scope(r, nranks, world[static_cast<size_t>(r)]);
+      try {
+        body();
+        world[static_cast<size_t>(r)]->synchronize();
+      } catch (...) {
+        const std::exception_ptr error = std::current_exception();
+        std::lock_guard lock(mutex);
+        if (!first_error) {
+          first_error = error;
+          first_rank = r;
+          threads::abort_world(*world[static_cast<size_t>(r)],
+                               "rank " + std::to_string(r) + " failed: " + message_of(error));
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first_error) rethrow_on_caller(first_error, first_rank);
+}
+
+int run(int argc, char** argv, std::function<void()> body) {
+  try {
+    if (choose_backend() == Backend::mpi) {
+      auto world = mpi::init(&argc, &argv);
+      const int r = world->rank(), n = world->size();
+      try {
+        ContextScope scope(r, n, world);
+        body();
+        world->synchronize();
+      } catch (const std::exception& e) {
+        mpi::abort(1, "rank " + std::to_string(r) + " failed: " + e.what());
+      }
+      world.reset();
+      mpi::finalize();
+      return 0;
+    }
+    launch(ranks_from(argc, argv), std::move(body));
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "tessera: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+int rank() {
+  require_rank("rank");
+  return context.rank;
+}
+
+int world_size() {
+  require_rank("world_size");
+  return context.world_size;
+}
+
+bool in_rank() { return context.world != nullptr; }
+
+Communicator& world() {
+  require_rank("world");
+  return *context.world;
+}
+
+std::shared_ptr<Communicator> world_ptr() {
+  require_rank("world");
+  return context.world;
+}
+
+}  // namespace tessera

@@ -1,0 +1,36 @@
+#pragma once
+// Runtime: starts one user program as N ranks and gives each rank its context.
+//
+// Backends: by default (the embedded default) N in-process threads; under mpirun/mpiexec each
+// process is one rank. TESSERA_BACKEND=threads|mpi forces a backend.
+#include <functional>
+#include <memory>
+
+#include <tessera/comm/communicator.hpp>
+
+namespace tessera {
+
+/// Runs body as N ranks and returns the process exit status (0 on success). Threads backend:
+/// N from `--ranks N` in argv or TESSERA_RANKS (default 4). MPI backend (under mpirun, or
+/// TESSERA_BACKEND=mpi): this process is one rank of the MPI job. A failure on any rank is
+/// printed (naming the rank) and gives status 1; under MPI it aborts the whole job, since a
+/// failed process cannot otherwise unblock its peers.
+int run(int argc, char** argv, std::function<void()> body);
+
+/// Runs body on `nranks` in-process ranks (threads) and returns when all finished. If body
+/// throws on any rank, the others are unblocked with a CommError and launch rethrows the
+/// first failure on the caller, with the same exception kind (ValueError, CommError, ...) and
+/// a message naming the rank. Throws ValueError if nranks < 1 or if called from inside a rank.
+void launch(int nranks, std::function<void()> body);
+
+/// This rank's index in the world, from 0. Throws ValueError outside launch/run.
+int rank();
+/// Number of ranks in the world. Throws ValueError outside launch/run.
+int world_size();
+/// True inside a rank started by launch or run.
+bool in_rank();
+/// This rank's world communicator. Throws ValueError outside launch/run.
+Communicator& world();
+std::shared_ptr<Communicator> world_ptr();
+
+}  // namespace tessera

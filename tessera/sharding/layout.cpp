@@ -1,0 +1,198 @@
+#include <tessera/sharding/layout.hpp>
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include <tessera/core/error.hpp>
+
+namespace tessera {
+
+Shape Block::shape() const {
+  Shape s = Shape::filled(begin.size(), 0);
+  for (int64_t d = 0; d < begin.size(); ++d) s[d] = std::max<int64_t>(end[d] - begin[d], 0);
+  return s;
+}
+
+Block Block::intersect(const Block& other) const {
+  Block out{begin, end};
+  for (int64_t d = 0; d < begin.size(); ++d) {
+    out.begin[d] = std::max(begin[d], other.begin[d]);
+    out.end[d] = std::max(out.begin[d], std::min(end[d], other.end[d]));
+  }
+  return out;
+}
+
+std::string Block::to_string() const {
+  std::ostringstream out;
+  out << '[';
+  for (int64_t d = 0; d < begin.size(); ++d) out << (d ? ", " : "") << begin[d] << ':' << end[d];
+  out << ']';
+  return out.str();
+}
+
+std::vector<int64_t> chunk_sizes(int64_t length, const std::vector<int64_t>& splits) {
+  std::vector<int64_t> pieces{length};
+  for (int64_t k : splits) {
+    std::vector<int64_t> next;
+    next.reserve(pieces.size() * static_cast<size_t>(k));
+    for (int64_t p : pieces) {
+      const int64_t c = (p + k - 1) / k;
+      for (int64_t j = 0; j < k; ++j) next.push_back(std::clamp<int64_t>(p - j * c, 0, c));
+    }
+    pieces = std::move(next);
+  }
+  return pieces;
+}
+
+namespace {
+
+std::string describe(const Shape& shape, DType dtype, const MeshSpec& mesh, const Placements& placements) {
+  return shape.to_string() + " " + std::string(name(dtype)) + " on " + mesh.to_string() + " as " +
+         tessera::to_string(placements);
+}
+
+}  // namespace
+
+Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placements, ShardOrder shard_order,
+               ShardSizes sizes)
+    : global_shape_(std::move(global_shape)), dtype_(dtype), mesh_(std::move(mesh)), placements_(std::move(placements)) {
+  const int64_t nd = global_shape_.size();
+  const std::string text = describe(global_shape_, dtype_, mesh_, placements_);
+  TESSERA_CHECK(static_cast<int64_t>(placements_.size()) == mesh_.ndim(), ShardingError, "Layout", "layout ", text,
+                " has ", placements_.size(), " placements for a mesh of ", mesh_.ndim(), " dims");
+  for (int64_t s : global_shape_)
+    TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative size in layout ", text);
+  orders_.assign(static_cast<size_t>(nd), {});
+  for (int64_t m = 0; m < mesh_.ndim(); ++m) {
+    auto* shard = std::get_if<Shard>(&placements_[static_cast<size_t>(m)]);
+    if (!shard) continue;
+    TESSERA_CHECK(shard->dim >= -nd && shard->dim < nd, ShardingError, "Layout", "shard dim ", shard->dim,
+                  " of mesh dim ", m, " out of range in layout ", text, "; the tensor has ", nd, " dims");
+    if (shard->dim < 0) shard->dim += nd;
+    orders_[static_cast<size_t>(shard->dim)].push_back(m);
+  }
+  const std::string normalized = describe(global_shape_, dtype_, mesh_, placements_);
+  for (auto& [dim, order] : shard_order) {
+    TESSERA_CHECK(dim >= 0 && dim < nd, ShardingError, "Layout", "shard order for tensor dim ", dim,
+                  " out of range in layout ", normalized);
+    std::vector<int64_t> given = order, expected = orders_[static_cast<size_t>(dim)];
+    std::sort(given.begin(), given.end());
+    TESSERA_CHECK(given == expected, ShardingError, "Layout", "shard order ", Shape(order).to_string(),
+                  " for tensor dim ", dim, " must list exactly the mesh dims sharding it, ",
+                  Shape(expected).to_string(), ", in layout ", normalized);
+    orders_[static_cast<size_t>(dim)] = order;
+  }
+  pieces_.resize(static_cast<size_t>(nd));
+  starts_.resize(static_cast<size_t>(nd));
+  explicit_.assign(static_cast<size_t>(nd), false);
+  for (int64_t d = 0; d < nd; ++d) {
+    std::vector<int64_t> splits;
+    for (int64_t m : orders_[static_cast<size_t>(d)]) splits.push_back(mesh_.shape()[m]);
+    const int64_t count = std::accumulate(splits.begin(), splits.end(), int64_t{1}, std::multiplies<>());
+    auto& pieces = pieces_[static_cast<size_t>(d)];
+    if (auto it = sizes.find(d); it != sizes.end()) {
+      TESSERA_CHECK(!splits.empty(), ShardingError, "Layout", "explicit sizes for tensor dim ", d,
+                    ", which is not sharded, in layout ", normalized);
+      pieces = it->second;
+      TESSERA_CHECK(static_cast<int64_t>(pieces.size()) == count, ShardingError, "Layout", "explicit sizes ",
+                    Shape(pieces).to_string(), " for tensor dim ", d, " have ", pieces.size(), " entries; expected ",
+                    count, " (one per piece) in layout ", normalized);
+      int64_t total = 0;
+      for (int64_t s : pieces) {
+        TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative explicit size ", s, " for tensor dim ", d,
+                      " in layout ", normalized);
+        total += s;
+      }
+      TESSERA_CHECK(total == global_shape_[d], ShardingError, "Layout", "explicit sizes ", Shape(pieces).to_string(),
+                    " for tensor dim ", d, " add up to ", total, " but the dim has size ", global_shape_[d],
+                    " in layout ", normalized);
+      // Sizes equal to chunk semantics are the default layout, not an explicit one.
+      explicit_[static_cast<size_t>(d)] = pieces != chunk_sizes(global_shape_[d], splits);
+    } else {
+      pieces = chunk_sizes(global_shape_[d], splits);
+    }
+    auto& starts = starts_[static_cast<size_t>(d)];
+    starts.assign(pieces.size() + 1, 0);
+    for (size_t i = 0; i < pieces.size(); ++i) starts[i + 1] = starts[i] + pieces[i];
+  }
+  for (const auto& [dim, ignored] : sizes)
+    TESSERA_CHECK(dim >= 0 && dim < nd, ShardingError, "Layout", "explicit sizes for tensor dim ", dim,
+                  " out of range in layout ", normalized);
+}
+
+bool Layout::has_partial() const {
+  return std::any_of(placements_.begin(), placements_.end(), [](const Placement& p) { return is_partial(p); });
+}
+
+bool Layout::is_replicated() const {
+  return std::all_of(placements_.begin(), placements_.end(), [](const Placement& p) { return is_replicate(p); });
+}
+
+Block Layout::block(const std::vector<int64_t>& coordinate) const {
+  TESSERA_CHECK(static_cast<int64_t>(coordinate.size()) == mesh_.ndim(), ShardingError, "Layout::block",
+                "coordinate ", Shape(coordinate).to_string(), " has ", coordinate.size(), " entries for ",
+                to_string());
+  for (int64_t m = 0; m < mesh_.ndim(); ++m)
+    TESSERA_CHECK(coordinate[static_cast<size_t>(m)] >= 0 && coordinate[static_cast<size_t>(m)] < mesh_.shape()[m],
+                  ShardingError, "Layout::block", "coordinate ", Shape(coordinate).to_string(), " out of range for ",
+                  to_string());
+  Block out{Shape::filled(ndim(), 0), global_shape_};
+  for (int64_t d = 0; d < ndim(); ++d) {
+    const auto& order = orders_[static_cast<size_t>(d)];
+    if (order.empty()) continue;
+    int64_t piece = 0;  // mixed radix over the mesh dims in splitting order
+    for (int64_t m : order) piece = piece * mesh_.shape()[m] + coordinate[static_cast<size_t>(m)];
+    out.begin[d] = starts_[static_cast<size_t>(d)][static_cast<size_t>(piece)];
+    out.end[d] = starts_[static_cast<size_t>(d)][static_cast<size_t>(piece) + 1];
+  }
+  return out;
+}
+
+Block Layout::block_of_rank(int world_rank) const { return block(mesh_.coordinate_of(world_rank)); }
+
+Layout Layout::with_placements(Placements placements) const {
+  Layout candidate(global_shape_, dtype_, mesh_, placements);
+  ShardOrder order;
+  ShardSizes sizes;
+  for (int64_t d = 0; d < ndim(); ++d) {
+    std::vector<int64_t> mine = orders_[static_cast<size_t>(d)], theirs = candidate.orders_[static_cast<size_t>(d)];
+    std::vector<int64_t> a = mine, b = theirs;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    if (a != b || a.empty()) continue;
+    order[d] = mine;
+    if (explicit_[static_cast<size_t>(d)]) sizes[d] = pieces_[static_cast<size_t>(d)];
+  }
+  return Layout(global_shape_, dtype_, mesh_, std::move(placements), order, sizes);
+}
+
+std::string Layout::to_string() const {
+  std::string text = describe(global_shape_, dtype_, mesh_, placements_);
+  std::string orders, sizes;
+  for (int64_t d = 0; d < ndim(); ++d) {
+    const auto& order = orders_[static_cast<size_t>(d)];
+    if (!std::is_sorted(order.begin(), order.end()))
+      orders += (orders.empty() ? "" : ", ") + std::to_string(d) + ": " + Shape(order).to_string();
+    if (explicit_[static_cast<size_t>(d)])
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(d) + ": " + Shape(pieces_[static_cast<size_t>(d)]).to_string();
+  }
+  if (!orders.empty()) text += " order {" + orders + "}";
+  if (!sizes.empty()) text += " sizes {" + sizes + "}";
+  return text;
+}
+
+}  // namespace tessera
+
+size_t std::hash<tessera::Layout>::operator()(const tessera::Layout& layout) const noexcept {
+  size_t h = std::hash<tessera::MeshSpec>{}(layout.mesh());
+  const auto mix = [&](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  for (int64_t s : layout.global_shape()) mix(std::hash<int64_t>{}(s));
+  mix(static_cast<size_t>(layout.dtype()));
+  for (const auto& p : layout.placements()) mix(std::hash<tessera::Placement>{}(p));
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    for (int64_t m : layout.shard_order(d)) mix(std::hash<int64_t>{}(m));
+    for (int64_t s : layout.piece_sizes(d)) mix(std::hash<int64_t>{}(s));
+  }
+  return h;
+}

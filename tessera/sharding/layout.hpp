@@ -1,0 +1,109 @@
+#pragma once
+// Layout: where every element of a global tensor lives on a mesh. Pure: metadata only, no
+// communication, no tensor data; the redistribute planner and DTensor build on it.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <tessera/core/dtype.hpp>
+#include <tessera/core/shape.hpp>
+#include <tessera/mesh/mesh_spec.hpp>
+#include <tessera/sharding/placement.hpp>
+
+namespace tessera {
+
+/// A box of the global index space: [begin[d], end[d]) per tensor dim. Value type.
+/// Example: `[0:3, 0:2]`.
+struct Block {
+  DimVector begin;
+  DimVector end;
+  Shape shape() const;
+  int64_t numel() const { return shape().numel(); }
+  /// The overlap of two blocks (possibly empty).
+  Block intersect(const Block& other) const;
+  std::string to_string() const;
+  friend bool operator==(const Block&, const Block&) = default;
+};
+
+/// Per tensor dim, the mesh dims that shard it, in splitting order (absent: ascending mesh dim).
+using ShardOrder = std::map<int64_t, std::vector<int64_t>>;
+/// Per tensor dim, explicit piece sizes (PhysicsNeMo `sharding_shapes`), one per piece in
+/// splitting order (the mixed-radix index over the shard order's mesh dims).
+using ShardSizes = std::map<int64_t, std::vector<int64_t>>;
+
+/// Global shape, dtype, mesh and placements, plus per tensor dim the ordered list of mesh dims
+/// that shard it and the size of every piece. Several mesh dims sharding one tensor dim nest:
+/// the first splits the dim into chunks, the next splits each chunk again (torch.chunk
+/// semantics: chunk c = ceil(L/k), trailing pieces short or empty). Immutable value.
+///
+/// Constraints: one placement per mesh dim; shard dims in [-ndim, ndim) (normalised); a shard
+/// order lists exactly the mesh dims sharding that tensor dim; explicit sizes have one
+/// non-negative entry per piece and add up to the dim's size.
+/// Example: `[18, 2] f32 on mesh[dp=4, tp=2] as (S(0), S(0))` gives rank (dp=1, tp=1) rows [8, 10).
+class Layout {
+ public:
+  Layout() = default;
+  /// Throws ShardingError naming the layout in its text form for any broken constraint.
+  Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placements, ShardOrder shard_order = {},
+         ShardSizes sizes = {});
+
+  const Shape& global_shape() const { return global_shape_; }
+  DType dtype() const { return dtype_; }
+  const MeshSpec& mesh() const { return mesh_; }
+  const Placements& placements() const { return placements_; }
+  int64_t ndim() const { return global_shape_.size(); }
+
+  /// Mesh dims sharding tensor dim `dim`, in splitting order (empty when not sharded).
+  const std::vector<int64_t>& shard_order(int64_t dim) const { return orders_[static_cast<size_t>(dim)]; }
+  /// Sizes of the pieces of tensor dim `dim` in splitting order ({size} when not sharded).
+  const std::vector<int64_t>& piece_sizes(int64_t dim) const { return pieces_[static_cast<size_t>(dim)]; }
+  /// True when piece sizes were given explicitly rather than by chunk semantics.
+  bool has_explicit_sizes(int64_t dim) const { return explicit_[static_cast<size_t>(dim)]; }
+  /// True when any mesh dim holds a Partial.
+  bool has_partial() const;
+  /// True when every placement is Replicate (or the mesh has no dims).
+  bool is_replicated() const;
+
+  /// The block of the rank at a mesh coordinate. Throws ShardingError if the coordinate is out of range.
+  Block block(const std::vector<int64_t>& coordinate) const;
+  /// The block of a world rank of the mesh. Throws ShardingError if the rank is not in the mesh.
+  Block block_of_rank(int world_rank) const;
+  /// Shape of the local piece at a coordinate.
+  Shape local_shape(const std::vector<int64_t>& coordinate) const { return block(coordinate).shape(); }
+  /// Global index of the local piece's first element.
+  DimVector global_offset(const std::vector<int64_t>& coordinate) const { return block(coordinate).begin; }
+
+  /// The same layout with other placements (shard order and explicit sizes kept where they still apply).
+  Layout with_placements(Placements placements) const;
+
+  /// "[8, 6] f32 on mesh[dp=2, tp=2] as (S(0), R)", plus " order {0: [1, 0]}" for a
+  /// non-default shard order and " sizes {0: [3, 5]}" for explicit sizes.
+  std::string to_string() const;
+  friend bool operator==(const Layout& a, const Layout& b) {
+    return a.global_shape_ == b.global_shape_ && a.dtype_ == b.dtype_ && a.mesh_ == b.mesh_ &&
+           a.placements_ == b.placements_ && a.orders_ == b.orders_ && a.pieces_ == b.pieces_;
+  }
+
+ private:
+  Shape global_shape_;
+  DType dtype_ = DType::f32;
+  MeshSpec mesh_;
+  Placements placements_;
+  std::vector<std::vector<int64_t>> orders_;  // per tensor dim
+  std::vector<std::vector<int64_t>> pieces_;  // per tensor dim
+  std::vector<std::vector<int64_t>> starts_;  // per tensor dim: prefix sums of pieces_
+  std::vector<bool> explicit_;
+};
+
+/// Sizes of torch.chunk-style pieces of `length` split by each of `splits` in turn.
+/// Example: chunk_sizes(4, {2, 3}) == [1, 1, 0, 1, 1, 0].
+std::vector<int64_t> chunk_sizes(int64_t length, const std::vector<int64_t>& splits);
+
+}  // namespace tessera
+
+template <>
+struct std::hash<tessera::Layout> {
+  size_t operator()(const tessera::Layout& layout) const noexcept;
+};
