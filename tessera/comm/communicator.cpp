@@ -194,28 +194,65 @@ struct Check {
   }
 };
 
+
+// Validation and signature of the calls that have an async form, shared by both forms.
+CollectiveCall all_reduce_call(const Communicator& comm, const char* op, const void* buf, int64_t count, DType dtype,
+                               ReduceOp reduce_op) {
+  const Check check{comm, op};
+  check.count(count);
+  check.buffer(buf, count, "data");
+  check.reduction(dtype, reduce_op);
+  const int64_t bytes = count * itemsize(dtype);
+  const int64_t moved = comm.size() > 1 ? bytes * 2 * (comm.size() - 1) / comm.size() : 0;  // ring lower bound
+  return CollectiveCall{CollectiveKind::all_reduce, dtype, count, reduce_op, -1, moved, moved};
+}
+
+CollectiveCall all_gather_call(const Communicator& comm, const char* op, const void* send, const void* recv,
+                               int64_t count, DType dtype) {
+  const Check check{comm, op};
+  check.count(count);
+  check.buffer(send, count, "send");
+  check.buffer(recv, count * comm.size(), "recv");
+  const int64_t bytes = count * itemsize(dtype) * (comm.size() - 1);
+  return CollectiveCall{CollectiveKind::all_gather, dtype, count, ReduceOp::sum, -1, bytes, bytes};
+}
+
+CollectiveCall reduce_scatter_call(const Communicator& comm, const char* op, const void* send, const void* recv,
+                                   int64_t recv_count, DType dtype, ReduceOp reduce_op) {
+  const Check check{comm, op};
+  check.count(recv_count, "recv_count");
+  check.buffer(send, recv_count * comm.size(), "send");
+  check.buffer(recv, recv_count, "recv");
+  check.reduction(dtype, reduce_op);
+  const int64_t bytes = recv_count * itemsize(dtype) * (comm.size() - 1);
+  return CollectiveCall{CollectiveKind::reduce_scatter, dtype, recv_count * comm.size(), reduce_op, -1, bytes, bytes};
+}
+
+CollectiveCall all_to_all_v_call(const Communicator& comm, const char* op, const void* send,
+                                 const std::vector<int64_t>& send_counts, const void* recv,
+                                 const std::vector<int64_t>& recv_counts, DType dtype) {
+  const Check check{comm, op};
+  check.counts(send_counts, "send_counts");
+  check.counts(recv_counts, "recv_counts");
+  const int64_t sent = total(send_counts), received = total(recv_counts);
+  check.buffer(send, sent, "send");
+  check.buffer(recv, received, "recv");
+  const auto self = static_cast<size_t>(comm.rank());
+  return CollectiveCall{CollectiveKind::all_to_all_v, dtype, sent, ReduceOp::sum, -1,
+                        (sent - send_counts[self]) * itemsize(dtype), (received - recv_counts[self]) * itemsize(dtype)};
+}
+
 }  // namespace
 
 void Communicator::all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op) {
-  const Check check{*this, "all_reduce"};
-  check.count(count);
-  check.buffer(buf, count, "data");
-  check.reduction(dtype, op);
-  const int64_t bytes = count * itemsize(dtype);
-  const int64_t moved = size() > 1 ? bytes * 2 * (size() - 1) / size() : 0;  // ring lower bound
-  CollectiveCall call{CollectiveKind::all_reduce, dtype, count, op, -1, moved, moved};
+  CollectiveCall call = all_reduce_call(*this, "all_reduce", buf, count, dtype, op);
   synchronize();
   enter(call);
   do_all_reduce(buf, count, dtype, op, call);
 }
 
 void Communicator::all_gather(const void* send, void* recv, int64_t count, DType dtype) {
-  const Check check{*this, "all_gather"};
-  check.count(count);
-  check.buffer(send, count, "send");
-  check.buffer(recv, count * size(), "recv");
-  const int64_t bytes = count * itemsize(dtype) * (size() - 1);
-  CollectiveCall call{CollectiveKind::all_gather, dtype, count, ReduceOp::sum, -1, bytes, bytes};
+  CollectiveCall call = all_gather_call(*this, "all_gather", send, recv, count, dtype);
   synchronize();
   enter(call);
   do_all_gather(send, recv, count, dtype, call);
@@ -235,13 +272,7 @@ void Communicator::all_gather_v(const void* send, void* recv, const std::vector<
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, int64_t recv_count, DType dtype, ReduceOp op) {
-  const Check check{*this, "reduce_scatter"};
-  check.count(recv_count, "recv_count");
-  check.buffer(send, recv_count * size(), "send");
-  check.buffer(recv, recv_count, "recv");
-  check.reduction(dtype, op);
-  const int64_t bytes = recv_count * itemsize(dtype) * (size() - 1);
-  CollectiveCall call{CollectiveKind::reduce_scatter, dtype, recv_count * size(), op, -1, bytes, bytes};
+  CollectiveCall call = reduce_scatter_call(*this, "reduce_scatter", send, recv, recv_count, dtype, op);
   synchronize();
   enter(call);
   do_reduce_scatter(send, recv, recv_count, dtype, op, call);
@@ -276,15 +307,7 @@ void Communicator::all_to_all(const void* send, void* recv, int64_t count, DType
 
 void Communicator::all_to_all_v(const void* send, const std::vector<int64_t>& send_counts, void* recv,
                                 const std::vector<int64_t>& recv_counts, DType dtype) {
-  const Check check{*this, "all_to_all_v"};
-  check.counts(send_counts, "send_counts");
-  check.counts(recv_counts, "recv_counts");
-  const int64_t sent = total(send_counts), received = total(recv_counts);
-  check.buffer(send, sent, "send");
-  check.buffer(recv, received, "recv");
-  const auto self = static_cast<size_t>(rank_);
-  CollectiveCall call{CollectiveKind::all_to_all_v, dtype, sent, ReduceOp::sum, -1,
-                      (sent - send_counts[self]) * itemsize(dtype), (received - recv_counts[self]) * itemsize(dtype)};
+  CollectiveCall call = all_to_all_v_call(*this, "all_to_all_v", send, send_counts, recv, recv_counts, dtype);
   synchronize();
   enter(call);
   do_all_to_all_v(send, send_counts, recv, recv_counts, dtype, call);
@@ -385,34 +408,17 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key) {
 }
 
 Work Communicator::all_reduce_async(void* buf, int64_t count, DType dtype, ReduceOp op) {
-  const Check check{*this, "all_reduce_async"};
-  check.count(count);
-  check.buffer(buf, count, "data");
-  check.reduction(dtype, op);
-  const int64_t bytes = count * itemsize(dtype);
-  const int64_t moved = size() > 1 ? bytes * 2 * (size() - 1) / size() : 0;
-  CollectiveCall call{CollectiveKind::all_reduce, dtype, count, op, -1, moved, moved};
+  const CollectiveCall call = all_reduce_call(*this, "all_reduce_async", buf, count, dtype, op);
   return enqueue(call, [=, this](const CollectiveCall& numbered) { do_all_reduce(buf, count, dtype, op, numbered); });
 }
 
 Work Communicator::all_gather_async(const void* send, void* recv, int64_t count, DType dtype) {
-  const Check check{*this, "all_gather_async"};
-  check.count(count);
-  check.buffer(send, count, "send");
-  check.buffer(recv, count * size(), "recv");
-  const int64_t bytes = count * itemsize(dtype) * (size() - 1);
-  CollectiveCall call{CollectiveKind::all_gather, dtype, count, ReduceOp::sum, -1, bytes, bytes};
+  const CollectiveCall call = all_gather_call(*this, "all_gather_async", send, recv, count, dtype);
   return enqueue(call, [=, this](const CollectiveCall& numbered) { do_all_gather(send, recv, count, dtype, numbered); });
 }
 
 Work Communicator::reduce_scatter_async(const void* send, void* recv, int64_t recv_count, DType dtype, ReduceOp op) {
-  const Check check{*this, "reduce_scatter_async"};
-  check.count(recv_count, "recv_count");
-  check.buffer(send, recv_count * size(), "send");
-  check.buffer(recv, recv_count, "recv");
-  check.reduction(dtype, op);
-  const int64_t bytes = recv_count * itemsize(dtype) * (size() - 1);
-  CollectiveCall call{CollectiveKind::reduce_scatter, dtype, recv_count * size(), op, -1, bytes, bytes};
+  const CollectiveCall call = reduce_scatter_call(*this, "reduce_scatter_async", send, recv, recv_count, dtype, op);
   return enqueue(call, [=, this](const CollectiveCall& numbered) {
     do_reduce_scatter(send, recv, recv_count, dtype, op, numbered);
   });
@@ -420,15 +426,8 @@ Work Communicator::reduce_scatter_async(const void* send, void* recv, int64_t re
 
 Work Communicator::all_to_all_v_async(const void* send, std::vector<int64_t> send_counts, void* recv,
                                       std::vector<int64_t> recv_counts, DType dtype) {
-  const Check check{*this, "all_to_all_v_async"};
-  check.counts(send_counts, "send_counts");
-  check.counts(recv_counts, "recv_counts");
-  const int64_t sent = total(send_counts), received = total(recv_counts);
-  check.buffer(send, sent, "send");
-  check.buffer(recv, received, "recv");
-  const auto self = static_cast<size_t>(rank_);
-  CollectiveCall call{CollectiveKind::all_to_all_v, dtype, sent, ReduceOp::sum, -1,
-                      (sent - send_counts[self]) * itemsize(dtype), (received - recv_counts[self]) * itemsize(dtype)};
+  const CollectiveCall call =
+      all_to_all_v_call(*this, "all_to_all_v_async", send, send_counts, recv, recv_counts, dtype);
   return enqueue(call, [=, this, sc = std::move(send_counts),
                         rc = std::move(recv_counts)](const CollectiveCall& numbered) {
     do_all_to_all_v(send, sc, recv, rc, dtype, numbered);

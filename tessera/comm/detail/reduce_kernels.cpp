@@ -75,10 +75,44 @@ A divide(A value, int n) {
 
 }  // namespace
 
+namespace {
+
+// Sum of 2-4 full-precision sources in one pass, folded in the same order as the blocked
+// loop below ((s0 + s1) + s2) + s3, so it gives the same bits; about 2x faster since no
+// accumulator array goes back and forth through L1.
+template <class T>
+bool fused_sum(T* out, const void* const* srcs, int nsrc, int64_t count) {
+  const auto src = [&](int k) { return static_cast<const T*>(srcs[k]); };
+  switch (nsrc) {
+    case 2: {
+      const T *a = src(0), *b = src(1);
+      for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+      return true;
+    }
+    case 3: {
+      const T *a = src(0), *b = src(1), *c = src(2);
+      for (int64_t i = 0; i < count; ++i) out[i] = (a[i] + b[i]) + c[i];
+      return true;
+    }
+    case 4: {
+      const T *a = src(0), *b = src(1), *c = src(2), *d = src(3);
+      for (int64_t i = 0; i < count; ++i) out[i] = ((a[i] + b[i]) + c[i]) + d[i];
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
 void reduce_buffers(void* dst, const void* const* srcs, int nsrc, int64_t count, DType dtype, ReduceOp op) {
   TESSERA_ASSERT(nsrc >= 1);
   visit(dtype, [&]<class T>(TypeTag<T>) {
     using A = acc_t<T>;
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      if (op == ReduceOp::sum && fused_sum(static_cast<T*>(dst), srcs, nsrc, count)) return;
+    }
     constexpr int64_t kBlock = 2048;  // accumulators stay in L1 while every source streams by
     A acc[kBlock];
     T* out = static_cast<T*>(dst);
