@@ -249,7 +249,7 @@ class Group {
       error = detail::concat("send/recv mismatch on ", describe(), ": rank ", peer, " sent ", found->count, " ",
                              name(found->dtype), ", rank ", rank, " expects ", count, " ", name(dtype), " (tag ", tag, ")");
       found->error = error;
-    } else {
+    } else if (count > 0) {  // a zero-length message may come with null buffers
       std::memcpy(data, found->data, static_cast<size_t>(count * itemsize(dtype)));
     }
     found->done = true;

@@ -1,0 +1,37 @@
+#pragma once
+// Direct block exchange (DESIGN.md §3, family 2): every destination block is assembled from
+// the source blocks that overlap it, each piece taken from one rank that holds it. Pure. The
+// redistribute planner costs it against per-mesh-dim collective plans; the dtensor layer runs
+// it as one all_to_all_v.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <tessera/sharding/layout.hpp>
+
+namespace tessera {
+
+/// One box of the global tensor moving from the rank that holds it to a rank that needs it
+/// (src_rank == dst_rank: a local copy). Ranks are world ranks. Value type.
+/// Example: `rank 1 -> rank 2: [0:4, 3:6]`.
+struct Transfer {
+  int src_rank = 0;
+  int dst_rank = 0;
+  Block block;
+  std::string to_string() const;
+  friend bool operator==(const Transfer&, const Transfer&) = default;
+};
+
+/// The pieces that turn `src` into `dst` (same global shape; meshes may differ but ranks are
+/// world ranks of one world). Each destination rank takes what it already holds locally and
+/// every other overlapping piece from exactly one holder; among replicas the holder rotates with
+/// the destination rank, spreading the sends. Throws ShardingError if the shapes differ, if src
+/// holds Partial values (they need a reduction, not a copy) or if dst is Partial.
+std::vector<Transfer> direct_exchange(const Layout& src, const Layout& dst);
+
+/// Bytes `world_rank` must receive to hold its block of dst: the part of its destination block
+/// that its source block does not already contain (0 for a rank outside dst's mesh). The lower
+/// bound of every plan for non-Partial sources.
+int64_t receive_lower_bound(const Layout& src, const Layout& dst, int world_rank);
+
+}  // namespace tessera
