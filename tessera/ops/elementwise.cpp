@@ -92,17 +92,12 @@ Tensor binary(const char* op_name, const Tensor& a, const Tensor& b, DType compu
   return result;
 }
 
-DType arithmetic_dtype(const char* op, DType a, DType b) {
-  (void)op;
-  return promote_types(a, b);
-}
-
 // The public binary entry points, each in one line: dtype rule then kernel.
 template <class Op>
 Tensor arithmetic(const char* op_name, const Tensor& a, const Tensor& b, const Op& op) {
   check_defined(a, op_name);
   check_defined(b, op_name);
-  const DType dt = arithmetic_dtype(op_name, a.dtype(), b.dtype());
+  const DType dt = promote_types(a.dtype(), b.dtype());
   return binary(op_name, a, b, dt, dt, op);
 }
 
