@@ -39,6 +39,7 @@ std::vector<std::pair<Block, std::vector<int>>> holder_groups(const Layout& src)
 std::vector<Transfer> direct_exchange(const Layout& src, const Layout& dst) {
   check_exchangeable(src, dst, "direct_exchange");
   const auto groups = holder_groups(src);
+  std::map<int, int64_t> load;  // elements each rank sends so far
   std::vector<Transfer> transfers;
   for (int d : dst.mesh().ranks()) {
     const Block want = dst.block_of_rank(d);
@@ -46,9 +47,18 @@ std::vector<Transfer> direct_exchange(const Layout& src, const Layout& dst) {
     for (const auto& [held, holders] : groups) {
       const Block piece = held.intersect(want);
       if (piece.numel() == 0) continue;
-      // The destination itself if it holds the piece, else one replica chosen by rotation.
-      const bool local = std::find(holders.begin(), holders.end(), d) != holders.end();
-      const int from = local ? d : holders[static_cast<size_t>(d) % holders.size()];
+      // The destination itself if it holds the piece, else the least loaded replica (ties
+      // rotate with the destination rank), which keeps every rank's sends near the average.
+      int from = d;
+      if (std::find(holders.begin(), holders.end(), d) == holders.end()) {
+        const size_t n = holders.size();
+        from = holders[static_cast<size_t>(d) % n];
+        for (size_t i = 0; i < n; ++i) {
+          const int candidate = holders[(static_cast<size_t>(d) + i) % n];
+          if (load[candidate] < load[from]) from = candidate;
+        }
+        load[from] += piece.numel();
+      }
       transfers.push_back(Transfer{from, d, piece});
     }
   }

@@ -1,0 +1,370 @@
+// The redistribute planner, checked by running every plan on index sets: each rank holds, per
+// element of its block, how many times each Partial contribution has been summed into it. A plan
+// is valid when every destination rank ends with exactly its block and every element holds each
+// contribution exactly once. Bytes are compared with a brute-force lower bound.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include <tessera/sharding/plan.hpp>
+
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+
+namespace {
+
+// Per world rank: linear global index -> contribution counts (one slot per Partial coordinate).
+using Contents = std::map<int64_t, std::vector<int>>;
+
+int64_t linear(const Shape& shape, const DimVector& index) {
+  int64_t at = 0;
+  for (int64_t d = 0; d < shape.size(); ++d) at = at * shape[d] + index[d];
+  return at;
+}
+
+template <class F>
+void for_each_index(const Block& block, F&& f) {
+  if (block.numel() == 0) return;
+  DimVector index = block.begin;
+  while (true) {
+    f(index);
+    int64_t d = index.size() - 1;
+    while (d >= 0 && ++index[d] == block.end[d]) index[d] = block.begin[d], --d;
+    if (d < 0) return;
+  }
+}
+
+std::vector<int64_t> partial_dims(const Layout& layout) {
+  std::vector<int64_t> dims;
+  for (int64_t m = 0; m < layout.mesh().ndim(); ++m)
+    if (is_partial(layout.placements()[static_cast<size_t>(m)])) dims.push_back(m);
+  return dims;
+}
+
+std::map<int, Contents> initial_contents(const Layout& src) {
+  const auto pdims = partial_dims(src);
+  int64_t slots = 1;
+  for (int64_t m : pdims) slots *= src.mesh().shape()[m];
+  std::map<int, Contents> held;
+  for (int r : src.mesh().ranks()) {
+    const auto coordinate = src.mesh().coordinate_of(r);
+    int64_t slot = 0;
+    for (int64_t m : pdims) slot = slot * src.mesh().shape()[m] + coordinate[static_cast<size_t>(m)];
+    std::vector<int> counts(static_cast<size_t>(slots), 0);
+    counts[static_cast<size_t>(slot)] = 1;
+    for_each_index(src.block_of_rank(r), [&](const DimVector& i) { held[r][linear(src.global_shape(), i)] = counts; });
+  }
+  return held;
+}
+
+std::vector<int> group_along(const MeshSpec& mesh, std::vector<int64_t> coordinate, int64_t m) {
+  std::vector<int> group;
+  for (int64_t i = 0; i < mesh.shape()[m]; ++i) {
+    coordinate[static_cast<size_t>(m)] = i;
+    group.push_back(mesh.rank_at(coordinate));
+  }
+  return group;
+}
+
+const Contents& of(const std::map<int, Contents>& held, int rank) {
+  static const Contents nothing;
+  auto it = held.find(rank);
+  return it == held.end() ? nothing : it->second;
+}
+
+// Runs one step on the index sets; fails the test on any element taken from a rank lacking it.
+std::map<int, Contents> simulate(const PlanStep& step, const std::map<int, Contents>& held) {
+  std::map<int, Contents> next;
+  const Shape& shape = step.after.global_shape();
+  if (step.kind == StepKind::exchange) {
+    for (const Transfer& t : step.transfers)
+      for_each_index(t.block, [&](const DimVector& i) {
+        const int64_t e = linear(shape, i);
+        const auto& from = of(held, t.src_rank);
+        EXPECT_TRUE(from.count(e)) << t.to_string();
+        EXPECT_FALSE(next[t.dst_rank].count(e)) << "element sent twice: " << t.to_string();
+        if (from.count(e)) next[t.dst_rank][e] = from.at(e);
+      });
+    return next;
+  }
+  const MeshSpec& mesh = step.after.mesh();
+  for (int r : mesh.ranks()) {
+    const auto coordinate = mesh.coordinate_of(r);
+    const auto group = group_along(mesh, coordinate, step.mesh_dim);
+    auto& mine = next[r];
+    for_each_index(step.after.block(coordinate), [&](const DimVector& i) {
+      const int64_t e = linear(shape, i);
+      switch (step.kind) {
+        case StepKind::local_chunk:
+        case StepKind::to_partial:
+          EXPECT_TRUE(of(held, r).count(e)) << "rank " << r << " lacks element " << e;
+          if (of(held, r).count(e)) mine[e] = of(held, r).at(e);
+          if (step.kind == StepKind::to_partial && step.op == ReduceOp::sum && coordinate[step.mesh_dim] != 0)
+            std::fill(mine[e].begin(), mine[e].end(), 0);
+          break;
+        case StepKind::all_gather:
+        case StepKind::all_to_all: {
+          int found = 0;
+          for (int j : group)
+            if (of(held, j).count(e)) mine[e] = of(held, j).at(e), ++found;
+          EXPECT_EQ(found, 1) << "element " << e << " on rank " << r;
+          break;
+        }
+        case StepKind::reduce_scatter:
+        case StepKind::all_reduce:
+          for (int j : group) {
+            EXPECT_TRUE(of(held, j).count(e)) << "rank " << j << " lacks element " << e;
+            if (!of(held, j).count(e)) continue;
+            const auto& theirs = of(held, j).at(e);
+            auto& sum = mine[e];
+            if (sum.empty()) sum.assign(theirs.size(), 0);
+            for (size_t s = 0; s < sum.size(); ++s) sum[s] += theirs[s];
+          }
+          break;
+        case StepKind::exchange:
+          break;
+      }
+    });
+  }
+  return next;
+}
+
+// Runs the plan and checks the final state; returns false (with test failures) when invalid.
+void check_valid(const Plan& p) {
+  SCOPED_TRACE(explain(p));
+  auto held = initial_contents(p.src);
+  Layout at = p.src;
+  const auto cap = [](const Layout& l) {
+    int64_t most = 0;
+    for (int r : l.mesh().ranks()) most = std::max(most, l.block_of_rank(r).numel());
+    return most;
+  };
+  const int64_t memory_cap = std::max(cap(p.src), cap(p.dst));
+  for (const PlanStep& step : p.steps) {
+    ASSERT_EQ(step.before, at);
+    held = simulate(step, held);
+    at = step.after;
+    EXPECT_LE(cap(at), memory_cap) << "an intermediate layout holds more than src or dst";
+  }
+  ASSERT_EQ(at, p.dst);
+  for (int r : p.dst.mesh().ranks()) {
+    int64_t expected = 0;
+    for_each_index(p.dst.block_of_rank(r), [&](const DimVector& i) {
+      const int64_t e = linear(p.dst.global_shape(), i);
+      ++expected;
+      ASSERT_TRUE(held[r].count(e)) << "rank " << r << " lacks element " << e;
+      if (p.dst.has_partial()) return;
+      for (int c : held[r].at(e)) ASSERT_EQ(c, 1) << "rank " << r << " element " << e;
+    });
+    EXPECT_EQ(static_cast<int64_t>(held[r].size()), expected) << "rank " << r << " holds extra elements";
+  }
+}
+
+// What rank r must receive: elements of its destination block outside its source block.
+int64_t brute_force_bound(const Layout& src, const Layout& dst, int r) {
+  if (!dst.mesh().contains(r)) return 0;
+  const Block mine = src.mesh().contains(r) ? src.block_of_rank(r) : Block{};
+  int64_t missing = 0;
+  for_each_index(dst.block_of_rank(r), [&](const DimVector& i) {
+    bool inside = src.mesh().contains(r);
+    for (int64_t d = 0; inside && d < i.size(); ++d) inside = i[d] >= mine.begin[d] && i[d] < mine.end[d];
+    missing += inside ? 0 : 1;
+  });
+  return missing * itemsize(dst.dtype());
+}
+
+// Placements from `choices` on every mesh dim, plus reversed shard orders.
+std::vector<Layout> layouts_on(const MeshSpec& mesh, const Shape& shape, const std::vector<Placement>& choices) {
+  std::vector<Layout> out;
+  int64_t combos = 1;
+  const int64_t n = static_cast<int64_t>(choices.size());
+  for (int64_t i = 0; i < mesh.ndim(); ++i) combos *= n;
+  for (int64_t c = 0; c < combos; ++c) {
+    Placements p;
+    for (int64_t i = 0, rest = c; i < mesh.ndim(); ++i, rest /= n) p.push_back(choices[static_cast<size_t>(rest % n)]);
+    out.emplace_back(shape, DType::f32, mesh, p);
+    for (int64_t dim = 0; dim < shape.size(); ++dim) {
+      const auto& order = out.back().shard_order(dim);
+      if (order.size() >= 2) {
+        out.emplace_back(shape, DType::f32, mesh, p, ShardOrder{{dim, {order.rbegin(), order.rend()}}});
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+const std::vector<MeshSpec>& test_meshes() {
+  static const std::vector<MeshSpec> meshes = {
+      MeshSpec(Shape{2}, {"x"}),          MeshSpec(Shape{3}, {"x"}),          MeshSpec(Shape{4}, {"x"}),
+      MeshSpec(Shape{5}, {"x"}),          MeshSpec(Shape{6}, {"x"}),          MeshSpec(Shape{7}, {"x"}),
+      MeshSpec(Shape{8}, {"x"}),          MeshSpec(Shape{2, 2}, {"a", "b"}), MeshSpec(Shape{2, 3}, {"a", "b"}),
+      MeshSpec(Shape{4, 2}, {"a", "b"}), MeshSpec(Shape{2, 2, 2}, {"a", "b", "c"})};
+  return meshes;
+}
+
+const PlanOptions bytes_only{.message_cost_bytes = 0};
+
+}  // namespace
+
+TEST(Plan, EveryNonPartialPairIsValidAndReceivesExactlyTheLowerBound) {
+  int64_t plans = 0;
+  for (const MeshSpec& mesh : test_meshes())
+    for (const Shape& shape : {Shape{8, 6}, Shape{7, 5}, Shape{3, 1}}) {
+      const auto layouts = layouts_on(mesh, shape, {Replicate{}, Shard{0}, Shard{1}});
+      for (const Layout& src : layouts)
+        for (const Layout& dst : layouts) {
+          SCOPED_TRACE(src.to_string() + " -> " + dst.to_string());
+          const Plan p = plan(src, dst, bytes_only);
+          check_valid(p);
+          for (int r : mesh.ranks()) ASSERT_EQ(p.bytes_received(r), brute_force_bound(src, dst, r)) << explain(p);
+          ++plans;
+        }
+    }
+  EXPECT_GT(plans, 5000);
+}
+
+TEST(Plan, DefaultCostModelStaysValidAndReachesTheBoundOnLargeTensors) {
+  for (const MeshSpec& mesh : test_meshes()) {
+    const Shape shape{4099, 1031};  // bytes dominate the message term; uneven everywhere
+    const auto layouts = layouts_on(mesh, shape, {Replicate{}, Shard{0}, Shard{1}});
+    for (const Layout& src : layouts)
+      for (const Layout& dst : layouts) {
+        const Plan p = plan(src, dst);
+        EXPECT_EQ(p.max_bytes_received(), plan_lower_bound(src, dst)) << explain(p);
+      }
+  }
+  for (const MeshSpec& mesh : {MeshSpec(Shape{2, 2}, {"a", "b"}), MeshSpec(Shape{2, 3}, {"a", "b"})})
+    for (const Layout& src : layouts_on(mesh, Shape{7, 5}, {Replicate{}, Shard{0}, Shard{1}}))
+      for (const Layout& dst : layouts_on(mesh, Shape{7, 5}, {Replicate{}, Shard{0}, Shard{1}})) check_valid(plan(src, dst));
+}
+
+TEST(Plan, PartialSourcesReduceOnceOverEveryMeshAndPlacement) {
+  for (const MeshSpec& mesh : test_meshes())
+    for (const Shape& shape : {Shape{8, 6}, Shape{7, 5}}) {
+      if (mesh.ndim() == 3 && shape[0] == 8) continue;  // the slowest mesh: the uneven shape only
+      const auto sources = layouts_on(mesh, shape, {Partial{}, Replicate{}, Shard{0}, Shard{1}});
+      const auto dests = layouts_on(mesh, shape, {Replicate{}, Shard{0}, Shard{1}});
+      for (const Layout& src : sources) {
+        if (!src.has_partial()) continue;
+        for (const Layout& dst : dests) {
+          SCOPED_TRACE(src.to_string() + " -> " + dst.to_string());
+          check_valid(plan(src, dst, bytes_only));
+          check_valid(plan(src, dst));
+        }
+      }
+    }
+}
+
+TEST(Plan, PartialOnOneDimLowersToOneCollectiveAtTheBound) {
+  for (int64_t k : {2, 3, 4, 8}) {
+    const MeshSpec mesh(Shape{k}, {"x"});
+    // Large enough that bytes, not the message term, decide.
+    const Layout partial(Shape{8 * k, 256}, DType::f32, mesh, {Partial{}});
+    const Plan to_r = plan(partial, partial.with_placements({Replicate{}}));
+    ASSERT_EQ(to_r.steps.size(), 1u) << explain(to_r);
+    EXPECT_EQ(to_r.steps[0].kind, StepKind::all_reduce);
+    EXPECT_EQ(to_r.max_bytes_received(), plan_lower_bound(to_r.src, to_r.dst));
+    EXPECT_EQ(to_r.max_bytes_received(), 2 * (k - 1) * 8 * 256 * 4);
+    const Plan to_s = plan(partial, partial.with_placements({Shard{0}}));
+    ASSERT_EQ(to_s.steps.size(), 1u);
+    EXPECT_EQ(to_s.steps[0].kind, StepKind::reduce_scatter);
+    EXPECT_EQ(to_s.max_bytes_received(), plan_lower_bound(to_s.src, to_s.dst));
+    const Layout max_partial(Shape{8 * k, 256}, DType::f32, mesh, {Partial{ReduceOp::max}});
+    const Plan to_max = plan(max_partial, max_partial.with_placements({Shard{1}}));
+    EXPECT_EQ(to_max.steps.at(0).op, ReduceOp::max);
+  }
+  // Reduce first, then gather: [P, S(0)] -> [R, R] on 2x2 reduces the small shard, not the whole.
+  const MeshSpec mesh(Shape{2, 2}, {"a", "b"});
+  const Layout src(Shape{16, 4}, DType::f32, mesh, {Partial{}, Shard{0}});
+  const Plan p = plan(src, src.with_placements({Replicate{}, Replicate{}}));
+  ASSERT_EQ(p.steps.size(), 2u) << explain(p);
+  EXPECT_EQ(p.steps[0].kind, StepKind::all_reduce);
+  EXPECT_EQ(p.steps[1].kind, StepKind::all_gather);
+}
+
+TEST(Plan, BeatsTheGreedyPlannerTraps) {
+  const MeshSpec mesh(Shape{2, 2}, {"a", "b"});
+  // DTensor moves 4x the needed bytes here (gather both dims, then chunk).
+  const Layout swap_src(Shape{8, 8}, DType::f32, mesh, {Shard{0}, Shard{1}});
+  const Plan swap = plan(swap_src, swap_src.with_placements({Shard{1}, Shard{0}}));
+  EXPECT_EQ(swap.max_bytes_received(), plan_lower_bound(swap.src, swap.dst)) << explain(swap);
+  EXPECT_EQ(swap.max_bytes_received(), 16 * 4);  // the off-diagonal ranks swap their 4x4 blocks
+  // DTensor moves 2x here.
+  const Layout nested(Shape{8, 8}, DType::f32, mesh, {Shard{0}, Shard{0}});
+  const Plan rs = plan(nested, nested.with_placements({Replicate{}, Shard{0}}));
+  EXPECT_EQ(rs.max_bytes_received(), plan_lower_bound(rs.src, rs.dst)) << explain(rs);
+  // Uneven all_to_all without padding: 7 rows over 3 ranks to 5 columns over 3 ranks.
+  const Layout rows(Shape{7, 5}, DType::f32, MeshSpec(Shape{3}, {"x"}), {Shard{0}});
+  const Plan a2a = plan(rows, rows.with_placements({Shard{1}}));
+  ASSERT_EQ(a2a.steps.size(), 1u);
+  EXPECT_EQ(a2a.steps[0].kind, StepKind::all_to_all);
+  EXPECT_EQ(a2a.max_bytes_received(), plan_lower_bound(a2a.src, a2a.dst));
+}
+
+TEST(Plan, CommonTransitionsLowerToTheExpectedCollective) {
+  const MeshSpec mesh(Shape{4}, {"x"});
+  const Layout s0(Shape{16, 8}, DType::f32, mesh, {Shard{0}});
+  EXPECT_EQ(plan(s0, s0.with_placements({Replicate{}})).steps.at(0).kind, StepKind::all_gather);
+  const Plan chunk = plan(s0.with_placements({Replicate{}}), s0);
+  ASSERT_EQ(chunk.steps.size(), 1u);
+  EXPECT_EQ(chunk.steps[0].kind, StepKind::local_chunk);
+  EXPECT_EQ(chunk.max_bytes_received(), 0);
+  EXPECT_NE(explain(chunk).find("no communication"), std::string::npos);
+  EXPECT_TRUE(plan(s0, s0).steps.empty());
+  EXPECT_NE(explain(plan(s0, s0)).find("nothing to do"), std::string::npos);
+  const std::string text = explain(plan(s0, s0.with_placements({Replicate{}})));
+  EXPECT_TRUE(contains(text, "all_gather over x (mesh dim 0, 4 ranks): (S(0)) -> (R)")) << text;
+  EXPECT_TRUE(contains(text, "lower bound 384 B")) << text;
+}
+
+TEST(Plan, ExplicitSizesAndMovesBetweenMeshes) {
+  const MeshSpec three(Shape{3}, {"x"});
+  const Layout uneven(Shape{8, 4}, DType::f32, three, {Shard{0}}, {}, ShardSizes{{0, {3, 0, 5}}});
+  for (const Placements& to : {Placements{Shard{0}}, Placements{Shard{1}}, Placements{Replicate{}}}) {
+    const Layout dst(Shape{8, 4}, DType::f32, three, to);
+    const Plan p = plan(uneven, dst, bytes_only);
+    check_valid(p);
+    for (int r : three.ranks()) EXPECT_EQ(p.bytes_received(r), brute_force_bound(uneven, dst, r)) << explain(p);
+    check_valid(plan(dst, uneven));
+  }
+  // 2x2 over ranks 0-3 to a 1-d mesh over ranks 2-5 of a world of 6 (Monarch to_mesh).
+  const MeshSpec square(Shape{2, 2}, {"a", "b"});
+  const MeshSpec line(Shape{4}, {"y"}, {2, 3, 4, 5});
+  for (const Layout& src : layouts_on(square, Shape{7, 6}, {Partial{}, Replicate{}, Shard{0}, Shard{1}}))
+    for (const Layout& dst : layouts_on(line, Shape{7, 6}, {Replicate{}, Shard{0}, Shard{1}})) {
+      SCOPED_TRACE(src.to_string() + " -> " + dst.to_string());
+      const Plan p = plan(src, dst, bytes_only);
+      check_valid(p);
+      if (src.has_partial()) continue;
+      for (int r = 0; r < 6; ++r) EXPECT_EQ(p.bytes_received(r), brute_force_bound(src, dst, r)) << explain(p);
+    }
+}
+
+TEST(Plan, PartialDestinationsOnlyWhenAllowed) {
+  const MeshSpec mesh(Shape{2, 2}, {"a", "b"});
+  const Layout r(Shape{4, 4}, DType::f32, mesh, {Replicate{}, Shard{0}});
+  const Layout p(Shape{4, 4}, DType::f32, mesh, {Partial{}, Shard{0}});
+  EXPECT_TRUE(throws_with<ShardingError>([&] { plan(r, p); }, {"cannot redistribute to Partial"}));
+  const Plan allowed = plan(r, p, {.allow_partial_destination = true});
+  ASSERT_EQ(allowed.steps.size(), 1u);
+  EXPECT_EQ(allowed.steps[0].kind, StepKind::to_partial);
+  check_valid(allowed);
+  // Sharded source: gather over a, then mark Partial.
+  const Layout s(Shape{4, 4}, DType::f32, mesh, {Shard{1}, Shard{0}});
+  check_valid(plan(s, p, {.allow_partial_destination = true}));
+  const Layout pmax(Shape{4, 4}, DType::f32, mesh, {Partial{ReduceOp::max}, Shard{0}});
+  EXPECT_TRUE(throws_with<ShardingError>([&] { plan(pmax, p, {.allow_partial_destination = true}); },
+                                         {"cannot turn P(max) into P(sum)"}));
+}
+
+TEST(Plan, MismatchedLayoutsAreErrorsNamingBoth) {
+  const MeshSpec mesh(Shape{2}, {"x"});
+  const Layout a(Shape{4, 4}, DType::f32, mesh, {Shard{0}});
+  EXPECT_TRUE(throws_with<ShardingError>([&] { plan(a, Layout(Shape{4, 5}, DType::f32, mesh, {Shard{0}})); },
+                                         {"global shapes differ: [4, 4] f32 on mesh[x=2] as (S(0)) -> [4, 5]"}));
+  EXPECT_TRUE(throws_with<ShardingError>([&] { plan(a, Layout(Shape{4, 4}, DType::f64, mesh, {Shard{0}})); },
+                                         {"dtypes differ"}));
+}
