@@ -6,3 +6,11 @@
 #include <tessera/core/shape.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/ops.hpp>
+#include <tessera/runtime/runtime.hpp>
+#include <tessera/mesh/device_mesh.hpp>
+#include <tessera/sharding/placement.hpp>
+#include <tessera/sharding/layout.hpp>
+#include <tessera/sharding/plan.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/debug/comm_debug_mode.hpp>
+#include <tessera/debug/visualize_sharding.hpp>

@@ -83,7 +83,17 @@ DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> name
 DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int> ranks)
     : state_(construct(std::move(shape), std::move(names), std::move(ranks))) {}
 
+DeviceMesh::DeviceMesh() : state_(std::make_shared<State>()) {}
+
 const MeshSpec& DeviceMesh::spec() const { return state_->spec; }
+
+std::shared_ptr<Communicator> DeviceMesh::mesh_comm_ptr() const {
+  const State& s = *state_;
+  if (!s.member) return nullptr;
+  if (s.root && s.root->world_ranks() == s.spec.ranks()) return s.root;
+  if (s.spec.ndim() == 1) return s.dims.front();
+  return nullptr;
+}
 
 bool DeviceMesh::is_member() const { return state_->member; }
 

@@ -24,6 +24,8 @@ namespace tessera {
 /// Example: `DeviceMesh mesh({2, 2}, {"dp", "tp"});` prints `mesh[dp=2, tp=2]`.
 class DeviceMesh {
  public:
+  /// An empty handle: no ranks, no communicators (what a default-constructed DTensor holds).
+  DeviceMesh();
   /// Ranks 0..N-1 row-major; N must equal world_size(). Collective over the world.
   /// Throws ShardingError for a shape/rank-count mismatch, duplicate or empty names, sizes < 1.
   DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> names);
@@ -47,6 +49,10 @@ class DeviceMesh {
   Communicator& comm(int64_t dim) const;
   Communicator& comm(std::string_view axis) const { return comm(spec().dim_of(axis)); }
   std::shared_ptr<Communicator> comm_ptr(int64_t dim) const;
+  /// Communicator over exactly the mesh's ranks (group rank = index in spec().ranks()), or null
+  /// when none exists without communicating (a slice keeping two or more dims) and on ranks
+  /// outside the mesh; callers then fall back to point-to-point messages over the world.
+  std::shared_ptr<Communicator> mesh_comm_ptr() const;
 
   /// The 1-d mesh along `axis` through the calling rank. No communication.
   DeviceMesh operator[](std::string_view axis) const;

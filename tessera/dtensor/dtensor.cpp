@@ -1,0 +1,192 @@
+// DTensor construction from locals, redistribution and the plan cache.
+#include <tessera/dtensor/dtensor.hpp>
+
+#include <mutex>
+#include <numeric>
+#include <unordered_map>
+
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/detail/mesh_io.hpp>
+#include <tessera/dtensor/redistribute.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+namespace tessera {
+
+namespace {
+
+Placements normalized(Placements placements, int64_t ndim) {
+  for (auto& p : placements)
+    if (auto* s = std::get_if<Shard>(&p); s && s->dim < 0 && s->dim >= -ndim) s->dim += ndim;
+  return placements;
+}
+
+// Global shape from the locals' shapes: each sharded dim's pieces read off the rank holding it.
+ShardSizes inferred_sizes(const Tensor& local, const DeviceMesh& mesh, const Placements& placements, Shape& global) {
+  const MeshSpec& spec = mesh.spec();
+  const int64_t nd = local.ndim();
+  const auto shapes = detail::all_gather_int64(mesh, std::vector<int64_t>(local.shape().begin(), local.shape().end()),
+                                               "DTensor::from_local");
+  for (size_t i = 0; i < shapes.size(); ++i)
+    TESSERA_CHECK(static_cast<int64_t>(shapes[i].size()) == nd, ShardingError, "DTensor::from_local",
+                  "infer_sizes: rank ", spec.ranks()[i], " passed a local of ", shapes[i].size(), " dims, rank ",
+                  rank(), " one of ", nd);
+  const Layout probe(local.shape(), local.dtype(), spec, placements);  // shard orders, validated
+  ShardSizes sizes;
+  global = local.shape();
+  for (int64_t d = 0; d < nd; ++d) {
+    const auto& order = probe.shard_order(d);
+    if (order.empty()) continue;
+    // Piece p (mixed radix over the shard order) is held by the rank at those coordinates.
+    std::vector<int64_t> pieces;
+    int64_t count = 1;
+    for (int64_t m : order) count *= spec.shape()[m];
+    for (int64_t p = 0; p < count; ++p) {
+      std::vector<int64_t> coordinate(static_cast<size_t>(spec.ndim()), 0);
+      int64_t rest = p;
+      for (auto it = order.rbegin(); it != order.rend(); ++it) {
+        coordinate[static_cast<size_t>(*it)] = rest % spec.shape()[*it];
+        rest /= spec.shape()[*it];
+      }
+      const auto at = std::find(spec.ranks().begin(), spec.ranks().end(), spec.rank_at(coordinate));
+      pieces.push_back(shapes[static_cast<size_t>(at - spec.ranks().begin())][static_cast<size_t>(d)]);
+    }
+    global[d] = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});
+    sizes[d] = std::move(pieces);
+  }
+  return sizes;
+}
+
+// Every rank of the mesh must describe the same layout; all compare all, so all throw alike.
+void check_same_layout(const Layout& layout, const DeviceMesh& mesh) {
+  const std::string mine = layout.to_string();
+  const auto texts = detail::all_gather_text(mesh, mine, "DTensor::from_local");
+  for (size_t i = 0; i < texts.size(); ++i)
+    TESSERA_CHECK(texts[i] == texts.front(), ShardingError, "DTensor::from_local", "run_check: rank ",
+                  mesh.spec().ranks()[i], " passed ", texts[i], " but rank ", mesh.spec().ranks()[0], " passed ",
+                  texts.front());
+}
+
+struct PlanKey {
+  Layout src, dst;
+  double message_cost;
+  bool allow_partial;
+  friend bool operator==(const PlanKey&, const PlanKey&) = default;
+};
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& k) const noexcept {
+    return std::hash<Layout>{}(k.src) * 31 + std::hash<Layout>{}(k.dst) * 7 + std::hash<double>{}(k.message_cost) +
+           k.allow_partial;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
+  static std::mutex mutex;
+  static std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash> cache;
+  PlanKey key{src, dst, options.message_cost_bytes, options.allow_partial_destination};
+  {
+    std::lock_guard lock(mutex);
+    if (auto it = cache.find(key); it != cache.end()) return it->second;
+  }
+  auto made = std::make_shared<const Plan>(plan(src, dst, options));  // outside the lock: may throw
+  std::lock_guard lock(mutex);
+  if (cache.size() > 4096) cache.clear();  // a bound, not a policy: programs use few layouts
+  return cache.emplace(std::move(key), std::move(made)).first->second;
+}
+
+DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout)
+    : local_(std::move(local)), mesh_(std::move(mesh)), layout_(std::move(layout)) {
+  TESSERA_CHECK(mesh_.spec() == layout_.mesh(), ShardingError, "DTensor", "layout ", layout_.to_string(),
+                " is not on ", mesh_.to_string());
+  if (!mesh_.is_member()) {
+    local_ = empty(Shape::filled(layout_.ndim(), 0), layout_.dtype());
+    return;
+  }
+  const Shape block = layout_.local_shape(mesh_.coordinate());
+  TESSERA_CHECK(local_.defined() && local_.shape() == block && local_.dtype() == layout_.dtype(), ShardingError,
+                "DTensor", "rank ", rank(), "'s local ",
+                local_.defined() ? local_.shape().to_string() + " " + std::string(name(local_.dtype())) : "(undefined)",
+                " is not its block ", block.to_string(), " ", name(layout_.dtype()), " of ", layout_.to_string());
+}
+
+DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Placement> placements,
+                            FromLocalOptions options) {
+  TESSERA_CHECK(local.defined(), ShardingError, "DTensor::from_local", "undefined local tensor for ",
+                tessera::to_string(placements), " on ", mesh.to_string());
+  placements = normalized(std::move(placements), local.ndim());
+  TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), ShardingError, "DTensor::from_local",
+                tessera::to_string(placements), " has ", placements.size(), " placements for ", mesh.to_string());
+  Shape global = local.shape();
+  ShardSizes sizes = options.sizes;
+  const bool member = mesh.is_member();
+  if (options.infer_sizes && member) {
+    sizes = inferred_sizes(local, mesh, placements, global);
+  } else if (options.shape) {
+    global = *options.shape;
+  } else {
+    const Layout probe(local.shape(), local.dtype(), mesh.spec(), placements);
+    for (int64_t d = 0; d < local.ndim(); ++d) {
+      if (auto it = sizes.find(d); it != sizes.end()) {
+        global[d] = std::accumulate(it->second.begin(), it->second.end(), int64_t{0});
+        continue;
+      }
+      for (int64_t m : probe.shard_order(d)) global[d] *= mesh.size(m);
+    }
+  }
+  if (options.stride)
+    TESSERA_CHECK(*options.stride == contiguous_strides(global), ShardingError, "DTensor::from_local", "stride ",
+                  options.stride->to_string(), " is not the contiguous stride of global shape ", global.to_string(),
+                  "; DTensors are row-major");
+  const Layout layout(global, local.dtype(), mesh.spec(), placements, {}, sizes);
+  // A rank outside the mesh holds nothing; its layout is what its local implies.
+  if (!member) return DTensor(Tensor(), mesh, layout);
+  if (options.run_check) {
+    check_same_layout(layout, mesh);
+    // Replicas must agree: take the first rank's data along every Replicate mesh dim.
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      if (!is_replicate(placements[static_cast<size_t>(m)]) || mesh.size(m) == 1) continue;
+      if (local.shape() != layout.local_shape(mesh.coordinate())) break;  // reported below
+      local = local.clone();
+      mesh.comm(m).broadcast(local.raw_data(), local.numel(), local.dtype(), 0);
+    }
+  }
+  const Shape block = layout.local_shape(mesh.coordinate());
+  TESSERA_CHECK(local.shape() == block, ShardingError, "DTensor::from_local", "rank ", rank(), "'s local shape ",
+                local.shape().to_string(), " is not its block ", block.to_string(), " of ", layout.to_string(),
+                "; pass the global shape, explicit sizes or infer_sizes for uneven locals");
+  return DTensor(std::move(local), mesh, layout);
+}
+
+Tensor DTensor::full_tensor() const {
+  TESSERA_CHECK(mesh_.is_member(), ShardingError, "DTensor::full_tensor", "world rank ", rank(), " is not in ",
+                mesh_.to_string(), " holding ", layout_.to_string());
+  return redistribute(Placements(static_cast<size_t>(mesh_.ndim()), Replicate{})).to_local();
+}
+
+DTensor DTensor::redistribute(std::vector<Placement> placements) const {
+  placements = normalized(std::move(placements), ndim());
+  TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh_.ndim(), ShardingError, "DTensor::redistribute",
+                tessera::to_string(placements), " has ", placements.size(), " placements for ", layout_.to_string());
+  return redistribute(mesh_, layout_.with_placements(std::move(placements)));
+}
+
+DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> placements) const {
+  placements = normalized(std::move(placements), ndim());
+  if (mesh.spec() == mesh_.spec()) return redistribute(std::move(placements));
+  TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), ShardingError, "DTensor::redistribute",
+                tessera::to_string(placements), " has ", placements.size(), " placements for ", mesh.to_string());
+  return redistribute(mesh, Layout(shape(), dtype(), mesh.spec(), std::move(placements)));
+}
+
+DTensor DTensor::redistribute(const DeviceMesh& mesh, const Layout& layout) const {
+  TESSERA_CHECK(mesh.spec() == layout.mesh(), ShardingError, "DTensor::redistribute", "layout ", layout.to_string(),
+                " is not on ", mesh.to_string());
+  if (layout == layout_) return DTensor(local_, mesh, layout);
+  const auto p = cached_plan(layout_, layout);
+  return DTensor(detail::run_plan(*p, local_, mesh_, mesh), mesh, layout);
+}
+
+std::string DTensor::to_string() const { return "DTensor(" + layout_.to_string() + ")"; }
+
+}  // namespace tessera

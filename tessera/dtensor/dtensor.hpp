@@ -1,0 +1,113 @@
+#pragma once
+// DTensor: a global tensor laid out over a DeviceMesh, each rank holding its block as a local
+// Tensor (DESIGN.md §2, §5). Cheap to copy: the local tensor shares storage and the layout is a
+// value. Every rank of the mesh runs the same calls (SPMD); calls that communicate say so.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <tessera/core/tensor.hpp>
+#include <tessera/mesh/device_mesh.hpp>
+#include <tessera/sharding/layout.hpp>
+#include <tessera/sharding/plan.hpp>
+
+namespace tessera {
+
+/// Options of DTensor::from_local.
+struct FromLocalOptions {
+  /// Check that every rank of the mesh passed the same dtype, placements and global shape, and
+  /// broadcast replicated data from the first rank of each Replicate mesh dim. Communicates.
+  bool run_check = false;
+  /// The global shape, for locals that are not the even split of it (uneven chunk pieces).
+  std::optional<Shape> shape;
+  /// The global strides; accepted for DTensor parity, must be the contiguous strides of shape.
+  std::optional<Strides> stride;
+  /// Take each sharded dim's piece sizes from the locals themselves (PhysicsNeMo
+  /// sharding_shapes="infer"): an all_gather of the local shapes. Communicates.
+  bool infer_sizes = false;
+  /// Explicit piece sizes per sharded tensor dim (PhysicsNeMo sharding_shapes), as in Layout.
+  ShardSizes sizes = {};
+};
+
+/// Reductions of DTensor::reduce (Monarch's mesh reduce).
+enum class MeshReduction : uint8_t { sum, avg, max, min, stack };
+
+class DTensor {
+ public:
+  DTensor() = default;
+  /// Wraps this rank's block of `layout` (no communication). Throws ShardingError if `mesh`'s spec
+  /// is not the layout's mesh or the local's shape/dtype is not this rank's block.
+  DTensor(Tensor local, DeviceMesh mesh, Layout layout);
+
+  /// Builds a DTensor from each rank's local piece. Without options the global shape is the even
+  /// split (local size times the mesh dims sharding that dim). No communication unless
+  /// options.run_check or options.infer_sizes. Throws ShardingError naming the placements and
+  /// shapes if the local is not this rank's block of the resulting layout.
+  static DTensor from_local(Tensor local, const DeviceMesh& mesh, std::vector<Placement> placements,
+                            FromLocalOptions options = {});
+
+  bool defined() const { return local_.defined(); }
+  /// This rank's block (shares storage). An empty tensor on a rank outside the mesh.
+  Tensor to_local() const { return local_; }
+  /// The whole tensor on every rank (all-gathers / reduces as needed). Communicates.
+  Tensor full_tensor() const;
+  /// The same tensor with other placements (shard orders and explicit sizes kept where they
+  /// still apply). Communicates. Throws ShardingError for a Partial destination, P(op) ->
+  /// P(other op), or a placement count that does not match the mesh.
+  DTensor redistribute(std::vector<Placement> placements) const;
+  /// The same tensor on another mesh of the same world (Monarch to_mesh), broadcasting over mesh
+  /// dims the source lacks. Every rank of both meshes calls it. Communicates.
+  DTensor redistribute(const DeviceMesh& mesh, std::vector<Placement> placements) const;
+  /// The same tensor in any layout (shard orders, explicit sizes, another mesh).
+  DTensor redistribute(const DeviceMesh& mesh, const Layout& layout) const;
+
+  /// Monarch's mesh reduction over the named mesh dims, treating the locals along them as values:
+  /// sum/avg/max/min -> all_reduce (scatter: reduce_scatter along the local's dim 0); stack ->
+  /// all_gather into a new leading dim (scatter: all_to_all). The placements on `dims` must be
+  /// Replicate or the same Partial (stack: locals of equal shape). Communicates.
+  DTensor reduce(const std::vector<std::string>& dims, MeshReduction reduction = MeshReduction::sum,
+                 bool scatter = false) const;
+  /// The local piece of the rank at the given mesh coordinates (unnamed axes: 0), on every rank.
+  /// Communicates.
+  Tensor fetch_shard(const std::map<std::string, int64_t>& coordinates) const;
+
+  const DeviceMesh& device_mesh() const { return mesh_; }
+  const std::vector<Placement>& placements() const { return layout_.placements(); }
+  const Layout& layout() const { return layout_; }
+  Shape shape() const { return layout_.global_shape(); }
+  DType dtype() const { return layout_.dtype(); }
+  int64_t ndim() const { return layout_.ndim(); }
+  int64_t numel() const { return layout_.global_shape().numel(); }
+  /// "DTensor([8, 6] f32 on mesh[dp=2, tp=2] as (S(0), R))".
+  std::string to_string() const;
+
+ private:
+  Tensor local_;
+  DeviceMesh mesh_{};
+  Layout layout_;
+};
+
+/// Splits a global tensor that every rank holds; the data of each block comes from the first rank
+/// of the mesh (coordinate 0 on every mesh dim), as in DTensor. Communicates. Throws
+/// ShardingError for Partial placements.
+DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vector<Placement> placements);
+
+/// Factories: each rank builds only its block (no communication). Partial placements are an error.
+DTensor empty(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);
+DTensor zeros(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);
+DTensor ones(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);
+DTensor full(const Shape& shape, double value, const DeviceMesh& mesh, std::vector<Placement> placements,
+             DType dtype = DType::f32);
+/// Uniform [0, 1) / standard normal; each takes one draw from the calling rank's generator, so
+/// with one manual_seed on every rank the result equals the unsharded rand/randn bit for bit.
+DTensor rand(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);
+DTensor randn(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);
+
+/// The plan a redistribution from `src` to `dst` runs: plan() memoised per process (pure, so
+/// every rank computes the same one). Thread-safe.
+std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst, const PlanOptions& options = {});
+
+}  // namespace tessera

@@ -1,0 +1,93 @@
+// distribute_tensor and the DTensor factories: each rank builds or receives only its block.
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/detail/mesh_io.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/dtensor/redistribute.hpp>
+#include <tessera/ops/random.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+namespace tessera {
+
+namespace {
+
+Layout factory_layout(const char* op, const Shape& shape, DType dtype, const DeviceMesh& mesh,
+                      std::vector<Placement> placements) {
+  for (auto& p : placements) {
+    if (auto* s = std::get_if<Shard>(&p); s && s->dim < 0) s->dim += shape.size();
+    TESSERA_CHECK(!is_partial(p), ShardingError, op, "placements ", to_string(placements), " for ",
+                  shape.to_string(), " on ", mesh.to_string(),
+                  " hold a Partial: a new tensor has no pending reduction; use Replicate");
+  }
+  return Layout(shape, dtype, mesh.spec(), std::move(placements));
+}
+
+template <class Make>
+DTensor build(const char* op, const Shape& shape, DType dtype, const DeviceMesh& mesh, std::vector<Placement> placements,
+              Make&& make) {
+  Layout layout = factory_layout(op, shape, dtype, mesh, std::move(placements));
+  if (!mesh.is_member()) return DTensor(Tensor(), mesh, std::move(layout));
+  const Block block = layout.block(mesh.coordinate());
+  return DTensor(make(block), mesh, std::move(layout));
+}
+
+DTensor random(const char* op, Distribution distribution, const Shape& shape, const DeviceMesh& mesh,
+               std::vector<Placement> placements, DType dtype) {
+  // Every rank takes the same draw (SPMD), members or not, so generators stay in step.
+  const RandomDraw draw = default_generator().next(distribution, 0, 1, dtype);
+  Layout layout = factory_layout(op, shape, dtype, mesh, std::move(placements));
+  const Block block = mesh.is_member() ? layout.block(mesh.coordinate()) : Block{Shape::filled(shape.size(), 0),
+                                                                                   Shape::filled(shape.size(), 0)};
+  Tensor local = random_block(draw, shape, block.begin, block.shape());  // validates dtype and shape
+  if (!mesh.is_member()) return DTensor(Tensor(), mesh, std::move(layout));
+  return DTensor(std::move(local), mesh, std::move(layout));
+}
+
+}  // namespace
+
+DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vector<Placement> placements) {
+  TESSERA_CHECK(global.defined(), ShardingError, "distribute_tensor", "undefined tensor for ", to_string(placements),
+                " on ", mesh.to_string());
+  Layout layout = factory_layout("distribute_tensor", global.shape(), global.dtype(), mesh, std::move(placements));
+  if (!mesh.is_member()) return DTensor(Tensor(), mesh, std::move(layout));
+  // All ranks must pass the same shape and dtype, or the block counts would disagree mid-call.
+  const auto texts = detail::all_gather_text(mesh, layout.to_string(), "distribute_tensor");
+  for (size_t i = 0; i < texts.size(); ++i)
+    TESSERA_CHECK(texts[i] == texts.front(), ShardingError, "distribute_tensor", "rank ", mesh.spec().ranks()[i],
+                  " distributes ", texts[i], " but rank ", mesh.spec().ranks()[0], " distributes ", texts.front());
+  // The data comes from the first rank of the mesh, as in DTensor: it sends every rank its block.
+  const int origin = mesh.spec().ranks().front();
+  std::vector<Transfer> transfers;
+  for (int r : mesh.spec().ranks()) transfers.push_back(Transfer{origin, r, layout.block_of_rank(r)});
+  const Block whole{Shape::filled(global.ndim(), 0), global.shape()};
+  const Block held = rank() == origin ? whole : Block{whole.begin, whole.begin};
+  Tensor local = detail::run_exchange(transfers, rank() == origin ? global : Tensor(), held,
+                                      layout.block(mesh.coordinate()), global.dtype(), mesh.mesh_comm_ptr());
+  return DTensor(std::move(local), mesh, std::move(layout));
+}
+
+DTensor empty(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype) {
+  return build("empty", shape, dtype, mesh, std::move(placements), [&](const Block& b) { return empty(b.shape(), dtype); });
+}
+
+DTensor zeros(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype) {
+  return build("zeros", shape, dtype, mesh, std::move(placements), [&](const Block& b) { return zeros(b.shape(), dtype); });
+}
+
+DTensor ones(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype) {
+  return build("ones", shape, dtype, mesh, std::move(placements), [&](const Block& b) { return ones(b.shape(), dtype); });
+}
+
+DTensor full(const Shape& shape, double value, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype) {
+  return build("full", shape, dtype, mesh, std::move(placements),
+               [&](const Block& b) { return full(b.shape(), value, dtype); });
+}
+
+DTensor rand(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype) {
+  return random("rand", Distribution::uniform, shape, mesh, std::move(placements), dtype);
+}
+
+DTensor randn(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype) {
+  return random("randn", Distribution::normal, shape, mesh, std::move(placements), dtype);
+}
+
+}  // namespace tessera

@@ -1,0 +1,25 @@
+#pragma once
+// Runs redistribute plans (sharding/plan.hpp) on local blocks. Internal to the dtensor layer.
+#include <vector>
+
+#include <tessera/core/tensor.hpp>
+#include <tessera/mesh/device_mesh.hpp>
+#include <tessera/sharding/plan.hpp>
+
+namespace tessera::detail {
+
+/// This rank's block of plan.dst from its block of plan.src (`local`; an empty tensor on a rank
+/// outside src's mesh). `src_mesh`/`dst_mesh` are the handles of the plan's meshes. Every rank
+/// of both meshes calls it with the same plan.
+Tensor run_plan(const Plan& plan, const Tensor& local, const DeviceMesh& src_mesh, const DeviceMesh& dst_mesh);
+
+/// Moves the pieces of `transfers`: this rank holds `held` (its block, as `local`; may be empty)
+/// and ends with `want` (returned). One all_to_all_v over `group` when it covers every rank
+/// involved (group ranks are looked up by world rank), else point-to-point over the world.
+Tensor run_exchange(const std::vector<Transfer>& transfers, const Tensor& local, const Block& held, const Block& want,
+                    DType dtype, const std::shared_ptr<Communicator>& group);
+
+/// The view of `tensor` (holding block `whole`) covering `piece` (inside `whole`).
+Tensor view_of(const Tensor& tensor, const Block& whole, const Block& piece);
+
+}  // namespace tessera::detail
