@@ -89,7 +89,10 @@ bench: deps
 	  for np in 2 4; do \
 	    echo "== mpirun -np $$np --oversubscribe $(BENCH_DIR)/bench/tessera_comm_bench"; \
 	    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
-	      mpirun -np $$np --oversubscribe $(BENCH_DIR)/bench/tessera_comm_bench $(BENCH_ARGS); done; fi
+	      mpirun -np $$np --oversubscribe $(BENCH_DIR)/bench/tessera_comm_bench $(BENCH_ARGS); done; \
+	  echo "== mpirun -np 4 --oversubscribe $(BENCH_DIR)/bench/tessera_redistribute_bench"; \
+	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+	    mpirun -np 4 --oversubscribe $(BENCH_DIR)/bench/tessera_redistribute_bench $(BENCH_ARGS); fi
 
 # TSan needs a fixed address-space layout on kernels with many ASLR bits: run without ASLR
 # where the machine allows it.

@@ -272,8 +272,9 @@ Tensor run_plan(const Plan& plan, const Tensor& local, const DeviceMesh& src_mes
     if (!mesh.is_member()) continue;
     switch (step.kind) {
       case StepKind::local_chunk: {
+        // A view, as DTensor's chunk: no copy (later steps pack what they send anyway).
         const auto c = mesh.coordinate();
-        current = view_of(current, step.before.block(c), step.after.block(c)).clone();
+        current = view_of(current, step.before.block(c), step.after.block(c));
         break;
       }
       case StepKind::to_partial:

@@ -310,17 +310,26 @@ int64_t plan_lower_bound(const Layout& src, const Layout& dst) {
     for (int r : dst.mesh().ranks()) most = std::max(most, receive_lower_bound(src, dst, r));
     return most;
   }
+  // The reduction over each Partial dim, then moving the reduced values as a non-Partial source
+  // would (Partial dims the destination keeps are neither reduced nor counted).
   const bool same_mesh = src.mesh() == dst.mesh();
   const int64_t item = itemsize(src.dtype());
   int64_t bound = 0;
+  Placements reduced = src.placements();
   for (int64_t m = 0; m < src.mesh().ndim(); ++m) {
-    if (!is_partial(src.placements()[static_cast<size_t>(m)])) continue;
-    if (same_mesh && dst.placements()[static_cast<size_t>(m)] == src.placements()[static_cast<size_t>(m)]) continue;
+    const Placement& p = src.placements()[static_cast<size_t>(m)];
+    if (!is_partial(p)) continue;
+    reduced[static_cast<size_t>(m)] = Replicate{};
+    if (same_mesh && dst.placements()[static_cast<size_t>(m)] == p) continue;
     const int64_t k = src.mesh().shape()[m];
     const bool scatters = same_mesh && is_shard(dst.placements()[static_cast<size_t>(m)]);
     bound += (scatters ? 1 : 2) * (k - 1) * max_block_numel(src) * item / k;
   }
-  return bound;
+  if (dst.has_partial()) return bound;
+  const Layout values = src.with_placements(reduced);
+  int64_t moved = 0;
+  for (int r : dst.mesh().ranks()) moved = std::max(moved, receive_lower_bound(values, dst, r));
+  return bound + moved;
 }
 
 Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {

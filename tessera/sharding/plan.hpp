@@ -93,7 +93,8 @@ std::string explain(const Plan& plan);
 /// Bytes the most loaded rank must receive at least. Non-Partial source: the part of its
 /// destination block it does not hold (receive_lower_bound). Partial source: each Partial mesh
 /// dim of k ranks costs the reduce-scatter bound (k-1)/k of the source block, twice when the
-/// destination replicates over that dim (reduce-scatter then all-gather: the all-reduce bound).
+/// destination replicates over that dim (reduce-scatter then all-gather: the all-reduce bound),
+/// plus what moving the reduced values to dst needs (the non-Partial bound).
 int64_t plan_lower_bound(const Layout& src, const Layout& dst);
 
 }  // namespace tessera
