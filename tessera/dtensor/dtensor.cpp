@@ -53,17 +53,38 @@ ShardSizes inferred_sizes(const Tensor& local, const DeviceMesh& mesh, const Pla
     global[d] = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});
     sizes[d] = std::move(pieces);
   }
+  // Every rank's local must be its block of the inferred layout (the unsharded dims and the
+  // replicas alike). Checked from the gathered shapes, so every rank throws alike.
+  const Layout inferred(global, local.dtype(), spec, placements, {}, sizes);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape theirs(shapes[i]);
+    const Shape block = inferred.local_shape(spec.coordinate_of(spec.ranks()[i]));
+    TESSERA_CHECK(theirs == block, ShardingError, "DTensor::from_local", "infer_sizes: rank ", spec.ranks()[i],
+                  "'s local shape ", theirs.to_string(), " is not its block ", block.to_string(), " of ",
+                  inferred.to_string(), " (inferred from rank ", rank(), "'s local ", local.shape().to_string(),
+                  ")");
+  }
   return sizes;
 }
 
-// Every rank of the mesh must describe the same layout; all compare all, so all throw alike.
-void check_same_layout(const Layout& layout, const DeviceMesh& mesh) {
-  const std::string mine = layout.to_string();
-  const auto texts = detail::all_gather_text(mesh, mine, "DTensor::from_local");
+// Every rank of the mesh must describe the same layout, and every rank's local must be its block
+// of it; all compare all, so all throw alike (a rank that threw alone would leave the others
+// waiting in the replica broadcast that follows).
+void check_same_layout(const Layout& layout, const Shape& local_shape, const DeviceMesh& mesh) {
+  const Shape block = layout.local_shape(mesh.coordinate());
+  const std::string misfit =
+      local_shape == block ? "" : local_shape.to_string() + " is not its block " + block.to_string();
+  const auto texts = detail::all_gather_text(mesh, layout.to_string() + '\n' + misfit, "DTensor::from_local");
+  const auto layout_of = [](const std::string& text) { return text.substr(0, text.find('\n')); };
+  const auto misfit_of = [](const std::string& text) { return text.substr(text.find('\n') + 1); };
   for (size_t i = 0; i < texts.size(); ++i)
-    TESSERA_CHECK(texts[i] == texts.front(), ShardingError, "DTensor::from_local", "run_check: rank ",
-                  mesh.spec().ranks()[i], " passed ", texts[i], " but rank ", mesh.spec().ranks()[0], " passed ",
-                  texts.front());
+    TESSERA_CHECK(layout_of(texts[i]) == layout_of(texts.front()), ShardingError, "DTensor::from_local",
+                  "run_check: rank ", mesh.spec().ranks()[i], " passed ", layout_of(texts[i]), " but rank ",
+                  mesh.spec().ranks()[0], " passed ", layout_of(texts.front()));
+  for (size_t i = 0; i < texts.size(); ++i)
+    TESSERA_CHECK(misfit_of(texts[i]).empty(), ShardingError, "DTensor::from_local", "run_check: rank ",
+                  mesh.spec().ranks()[i], "'s local shape ", misfit_of(texts[i]), " of ", layout.to_string(),
+                  "; pass the global shape, explicit sizes or infer_sizes for uneven locals");
 }
 
 struct PlanKey {
@@ -142,11 +163,10 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Pl
   // A rank outside the mesh holds nothing; its layout is what its local implies.
   if (!member) return DTensor(Tensor(), mesh, layout);
   if (options.run_check) {
-    check_same_layout(layout, mesh);
+    check_same_layout(layout, local.shape(), mesh);  // every local fits its block past here
     // Replicas must agree: take the first rank's data along every Replicate mesh dim.
     for (int64_t m = 0; m < mesh.ndim(); ++m) {
       if (!is_replicate(placements[static_cast<size_t>(m)]) || mesh.size(m) == 1) continue;
-      if (local.shape() != layout.local_shape(mesh.coordinate())) break;  // reported below
       local = local.clone();
       mesh.comm(m).broadcast(local.raw_data(), local.numel(), local.dtype(), 0);
     }

@@ -60,7 +60,9 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vec
   for (int r : mesh.spec().ranks()) transfers.push_back(Transfer{origin, r, layout.block_of_rank(r)});
   const Block whole{Shape::filled(global.ndim(), 0), global.shape()};
   const Block held = rank() == origin ? whole : Block{whole.begin, whole.begin};
-  Tensor local = detail::run_exchange(transfers, rank() == origin ? global : Tensor(), held,
+  // Other ranks hold nothing: an empty (defined) tensor, which the exchange may still address.
+  const Tensor source = rank() == origin ? global : empty(Shape::filled(global.ndim(), 0), global.dtype());
+  Tensor local = detail::run_exchange(transfers, source, held,
                                       layout.block(mesh.coordinate()), global.dtype(), mesh.mesh_comm_ptr());
   return DTensor(std::move(local), mesh, std::move(layout));
 }

@@ -59,6 +59,17 @@ ShardOrder orders_with(const Layout& layout, const Placements& placements, int64
   return order;
 }
 
+// Moves `local` (this rank's block of `from`) to `to` on `mesh`. Mesh dims outside the reduction
+// keep their placements, a Partial among them, so the destination may hold a Partial that the
+// source already held: allowed here, where a user's redistribute to Partial is not.
+DTensor reduction_move(const Tensor& local, const DeviceMesh& mesh, const Layout& from, const Layout& to) {
+  const DTensor source(local, mesh, from);  // checks the local against `from`
+  PlanOptions options;
+  options.allow_partial_destination = true;
+  const auto p = cached_plan(from, to, options);
+  return DTensor(detail::run_plan(*p, source.to_local(), mesh, mesh), mesh, to);
+}
+
 }  // namespace
 
 DTensor DTensor::reduce(const std::vector<std::string>& dims, MeshReduction reduction, bool scatter) const {
@@ -86,7 +97,7 @@ DTensor DTensor::reduce(const std::vector<std::string>& dims, MeshReduction redu
     if (scatter) sizes.erase(0);  // more mesh dims split dim 0 now: chunk semantics
     const Layout to(shape(), dtype(), mesh_.spec(), dst,
                     orders_with(layout_, dst, 0, 0, scatter ? mdims : std::vector<int64_t>{}), sizes);
-    return DTensor(local_, mesh_, from).redistribute(mesh_, to);
+    return reduction_move(local_, mesh_, from, to);
   }
   // stack: a new leading dim indexed by position along `dims`, sharded over them (each rank holds
   // its own local as one slice), then gathered (or all_to_all'd onto the old leading dim).
@@ -120,7 +131,7 @@ DTensor DTensor::reduce(const std::vector<std::string>& dims, MeshReduction redu
   const Layout to(stacked_shape, dtype(), mesh_.spec(), dst,
                   orders_with(layout_, dst, 1, 1, scatter ? mdims : std::vector<int64_t>{}), dst_sizes);
   const Tensor slice = mesh_.is_member() ? local_.unsqueeze(0) : Tensor();
-  return DTensor(slice, mesh_, from).redistribute(mesh_, to);
+  return reduction_move(slice, mesh_, from, to);
 }
 
 Tensor DTensor::fetch_shard(const std::map<std::string, int64_t>& coordinates) const {

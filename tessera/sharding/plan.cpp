@@ -435,7 +435,7 @@ std::string explain(const Plan& plan) {
     bound_text = bytes_text(bound);
   }
   out << "  total: recv <= " << bytes_text(plan.max_bytes_received()) << "/rank (lower bound " << bound_text
-      << "), " << plan.messages() << " msgs, " << plan.steps.size() << (plan.steps.size() == 1 ? " step" : " steps");
+      << "), " << plan.messages() << (plan.messages() == 1 ? " msg, " : " msgs, ") << plan.steps.size() << (plan.steps.size() == 1 ? " step" : " steps");
   if (plan.messages() == 0) out << " (no communication)";
   out << '\n';
   return out.str();
