@@ -12,5 +12,7 @@
 #include <tessera/sharding/layout.hpp>
 #include <tessera/sharding/plan.hpp>
 #include <tessera/dtensor/dtensor.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/dtensor/sharded_op.hpp>
 #include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/debug/visualize_sharding.hpp>

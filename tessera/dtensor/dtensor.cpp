@@ -117,18 +117,18 @@ std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst, co
 }
 
 DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout)
-    : local_(std::move(local)), mesh_(std::move(mesh)), layout_(std::move(layout)) {
-  TESSERA_CHECK(mesh_.spec() == layout_.mesh(), ShardingError, "DTensor", "layout ", layout_.to_string(),
+    : local_(std::move(local)), mesh_(std::move(mesh)), layout_(std::make_shared<const Layout>(std::move(layout))) {
+  TESSERA_CHECK(mesh_.spec() == layout_->mesh(), ShardingError, "DTensor", "layout ", layout_->to_string(),
                 " is not on ", mesh_.to_string());
   if (!mesh_.is_member()) {
-    local_ = empty(Shape::filled(layout_.ndim(), 0), layout_.dtype());
+    local_ = empty(Shape::filled(layout_->ndim(), 0), layout_->dtype());
     return;
   }
-  const Shape block = layout_.local_shape(mesh_.coordinate());
-  TESSERA_CHECK(local_.defined() && local_.shape() == block && local_.dtype() == layout_.dtype(), ShardingError,
+  const Shape block = layout_->local_shape(mesh_.coordinate());
+  TESSERA_CHECK(local_.defined() && local_.shape() == block && local_.dtype() == layout_->dtype(), ShardingError,
                 "DTensor", "rank ", rank(), "'s local ",
                 local_.defined() ? local_.shape().to_string() + " " + std::string(name(local_.dtype())) : "(undefined)",
-                " is not its block ", block.to_string(), " ", name(layout_.dtype()), " of ", layout_.to_string());
+                " is not its block ", block.to_string(), " ", name(layout_->dtype()), " of ", layout_->to_string());
 }
 
 DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Placement> placements,
@@ -180,15 +180,15 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Pl
 
 Tensor DTensor::full_tensor() const {
   TESSERA_CHECK(mesh_.is_member(), ShardingError, "DTensor::full_tensor", "world rank ", rank(), " is not in ",
-                mesh_.to_string(), " holding ", layout_.to_string());
+                mesh_.to_string(), " holding ", layout_->to_string());
   return redistribute(Placements(static_cast<size_t>(mesh_.ndim()), Replicate{})).to_local();
 }
 
 DTensor DTensor::redistribute(std::vector<Placement> placements) const {
   placements = normalized(std::move(placements), ndim());
   TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh_.ndim(), ShardingError, "DTensor::redistribute",
-                tessera::to_string(placements), " has ", placements.size(), " placements for ", layout_.to_string());
-  return redistribute(mesh_, layout_.with_placements(std::move(placements)));
+                tessera::to_string(placements), " has ", placements.size(), " placements for ", layout_->to_string());
+  return redistribute(mesh_, layout_->with_placements(std::move(placements)));
 }
 
 DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> placements) const {
@@ -202,11 +202,11 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> pla
 DTensor DTensor::redistribute(const DeviceMesh& mesh, const Layout& layout) const {
   TESSERA_CHECK(mesh.spec() == layout.mesh(), ShardingError, "DTensor::redistribute", "layout ", layout.to_string(),
                 " is not on ", mesh.to_string());
-  if (layout == layout_) return DTensor(local_, mesh, layout);
-  const auto p = cached_plan(layout_, layout);
+  if (layout == *layout_) return DTensor(local_, mesh, layout);
+  const auto p = cached_plan(*layout_, layout);
   return DTensor(detail::run_plan(*p, local_, mesh_, mesh), mesh, layout);
 }
 
-std::string DTensor::to_string() const { return "DTensor(" + layout_.to_string() + ")"; }
+std::string DTensor::to_string() const { return "DTensor(" + layout_->to_string() + ")"; }
 
 }  // namespace tessera

@@ -16,6 +16,10 @@
 
 namespace tessera {
 
+namespace detail {
+struct DTensorAccess;
+}
+
 /// Options of DTensor::from_local.
 struct FromLocalOptions {
   /// Check that every rank of the mesh passed the same dtype, placements and global shape, and
@@ -75,19 +79,28 @@ class DTensor {
   Tensor fetch_shard(const std::map<std::string, int64_t>& coordinates) const;
 
   const DeviceMesh& device_mesh() const { return mesh_; }
-  const std::vector<Placement>& placements() const { return layout_.placements(); }
-  const Layout& layout() const { return layout_; }
-  Shape shape() const { return layout_.global_shape(); }
-  DType dtype() const { return layout_.dtype(); }
-  int64_t ndim() const { return layout_.ndim(); }
-  int64_t numel() const { return layout_.global_shape().numel(); }
+  const std::vector<Placement>& placements() const { return layout_->placements(); }
+  const Layout& layout() const { return *layout_; }
+  Shape shape() const { return layout_->global_shape(); }
+  DType dtype() const { return layout_->dtype(); }
+  int64_t ndim() const { return layout_->ndim(); }
+  int64_t numel() const { return layout_->global_shape().numel(); }
   /// "DTensor([8, 6] f32 on mesh[dp=2, tp=2] as (S(0), R))".
   std::string to_string() const;
 
  private:
   Tensor local_;
   DeviceMesh mesh_{};
-  Layout layout_;
+  // Shared so that copies and dispatch outputs cost a reference count, not a layout copy.
+  std::shared_ptr<const Layout> layout_ = empty_layout();
+  static const std::shared_ptr<const Layout>& empty_layout() {
+    static const auto empty = std::make_shared<const Layout>();
+    return empty;
+  }
+  // Unchecked: the dispatcher's output path, whose blocks were validated when the decision was made.
+  DTensor(Tensor local, DeviceMesh mesh, std::shared_ptr<const Layout> layout, bool /*unchecked*/)
+      : local_(std::move(local)), mesh_(std::move(mesh)), layout_(std::move(layout)) {}
+  friend struct detail::DTensorAccess;
 };
 
 /// Splits a global tensor that every rank holds; the data of each block comes from the first rank

@@ -92,11 +92,11 @@ DTensor DTensor::reduce(const std::vector<std::string>& dims, MeshReduction redu
     TESSERA_CHECK(!scatter || ndim() >= 1, ShardingError, op.c_str(), "cannot scatter a 0-d tensor ", to_string());
     ShardSizes sizes;
     for (int64_t d = 0; d < ndim(); ++d)
-      if (layout_.has_explicit_sizes(d)) sizes[d] = layout_.piece_sizes(d);
-    const Layout from(shape(), dtype(), mesh_.spec(), src, orders_with(layout_, src, 0, 0, {}), sizes);
+      if (layout_->has_explicit_sizes(d)) sizes[d] = layout_->piece_sizes(d);
+    const Layout from(shape(), dtype(), mesh_.spec(), src, orders_with(*layout_, src, 0, 0, {}), sizes);
     if (scatter) sizes.erase(0);  // more mesh dims split dim 0 now: chunk semantics
     const Layout to(shape(), dtype(), mesh_.spec(), dst,
-                    orders_with(layout_, dst, 0, 0, scatter ? mdims : std::vector<int64_t>{}), sizes);
+                    orders_with(*layout_, dst, 0, 0, scatter ? mdims : std::vector<int64_t>{}), sizes);
     return reduction_move(local_, mesh_, from, to);
   }
   // stack: a new leading dim indexed by position along `dims`, sharded over them (each rank holds
@@ -124,12 +124,12 @@ DTensor DTensor::reduce(const std::vector<std::string>& dims, MeshReduction redu
   for (int64_t s : shape()) stacked_shape.push_back(s);
   ShardSizes sizes;
   for (int64_t d = 0; d < ndim(); ++d)
-    if (layout_.has_explicit_sizes(d)) sizes[d + 1] = layout_.piece_sizes(d);
-  const Layout from(stacked_shape, dtype(), mesh_.spec(), src, orders_with(layout_, src, 1, 0, mdims), sizes);
+    if (layout_->has_explicit_sizes(d)) sizes[d + 1] = layout_->piece_sizes(d);
+  const Layout from(stacked_shape, dtype(), mesh_.spec(), src, orders_with(*layout_, src, 1, 0, mdims), sizes);
   ShardSizes dst_sizes = sizes;
   if (scatter) dst_sizes.erase(1);
   const Layout to(stacked_shape, dtype(), mesh_.spec(), dst,
-                  orders_with(layout_, dst, 1, 1, scatter ? mdims : std::vector<int64_t>{}), dst_sizes);
+                  orders_with(*layout_, dst, 1, 1, scatter ? mdims : std::vector<int64_t>{}), dst_sizes);
   const Tensor slice = mesh_.is_member() ? local_.unsqueeze(0) : Tensor();
   return reduction_move(slice, mesh_, from, to);
 }
@@ -146,7 +146,7 @@ Tensor DTensor::fetch_shard(const std::map<std::string, int64_t>& coordinates) c
   TESSERA_CHECK(mesh_.is_member(), ShardingError, "DTensor::fetch_shard", "world rank ", rank(), " is not in ",
                 spec.to_string());
   const int owner = spec.rank_at(at);
-  const Block block = layout_.block(at);
+  const Block block = layout_->block(at);
   if (const auto comm = mesh_.mesh_comm_ptr()) {
     const auto& ranks = comm->world_ranks();
     const int root = static_cast<int>(std::find(ranks.begin(), ranks.end(), owner) - ranks.begin());

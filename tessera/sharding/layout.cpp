@@ -47,6 +47,19 @@ std::vector<int64_t> chunk_sizes(int64_t length, const std::vector<int64_t>& spl
 
 namespace {
 
+size_t compute_hash(const Layout& layout) {
+  size_t h = std::hash<tessera::MeshSpec>{}(layout.mesh());
+  const auto mix = [&](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  for (int64_t s : layout.global_shape()) mix(std::hash<int64_t>{}(s));
+  mix(static_cast<size_t>(layout.dtype()));
+  for (const auto& p : layout.placements()) mix(std::hash<tessera::Placement>{}(p));
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    for (int64_t m : layout.shard_order(d)) mix(std::hash<int64_t>{}(m));
+    for (int64_t s : layout.piece_sizes(d)) mix(std::hash<int64_t>{}(s));
+  }
+  return h;
+}
+
 std::string describe(const Shape& shape, DType dtype, const MeshSpec& mesh, const Placements& placements) {
   return shape.to_string() + " " + std::string(name(dtype)) + " on " + mesh.to_string() + " as " +
          tessera::to_string(placements);
@@ -119,6 +132,7 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
   for (const auto& [dim, ignored] : sizes)
     TESSERA_CHECK(dim >= 0 && dim < nd, ShardingError, "Layout", "explicit sizes for tensor dim ", dim,
                   " out of range in layout ", normalized);
+  hash_ = compute_hash(*this);
 }
 
 bool Layout::has_partial() const {
@@ -167,6 +181,13 @@ Layout Layout::with_placements(Placements placements) const {
   return Layout(global_shape_, dtype_, mesh_, std::move(placements), order, sizes);
 }
 
+Layout Layout::with_dtype(DType dtype) const {
+  Layout out = *this;
+  out.dtype_ = dtype;
+  out.hash_ = compute_hash(out);
+  return out;
+}
+
 std::string Layout::to_string() const {
   std::string text = describe(global_shape_, dtype_, mesh_, placements_);
   std::string orders, sizes;
@@ -184,15 +205,4 @@ std::string Layout::to_string() const {
 
 }  // namespace tessera
 
-size_t std::hash<tessera::Layout>::operator()(const tessera::Layout& layout) const noexcept {
-  size_t h = std::hash<tessera::MeshSpec>{}(layout.mesh());
-  const auto mix = [&](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-  for (int64_t s : layout.global_shape()) mix(std::hash<int64_t>{}(s));
-  mix(static_cast<size_t>(layout.dtype()));
-  for (const auto& p : layout.placements()) mix(std::hash<tessera::Placement>{}(p));
-  for (int64_t d = 0; d < layout.ndim(); ++d) {
-    for (int64_t m : layout.shard_order(d)) mix(std::hash<int64_t>{}(m));
-    for (int64_t s : layout.piece_sizes(d)) mix(std::hash<int64_t>{}(s));
-  }
-  return h;
-}
+size_t std::hash<tessera::Layout>::operator()(const tessera::Layout& layout) const noexcept { return layout.hash(); }

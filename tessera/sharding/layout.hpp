@@ -78,11 +78,17 @@ class Layout {
   /// The same layout with other placements (shard order and explicit sizes kept where they still apply).
   Layout with_placements(Placements placements) const;
 
+  /// The same layout for a tensor of another dtype.
+  Layout with_dtype(DType dtype) const;
   /// "[8, 6] f32 on mesh[dp=2, tp=2] as (S(0), R)", plus " order {0: [1, 0]}" for a
   /// non-default shard order and " sizes {0: [3, 5]}" for explicit sizes.
   std::string to_string() const;
+  /// Hash of the whole layout, computed once at construction (dispatch caches key on it).
+  size_t hash() const { return hash_; }
+
   friend bool operator==(const Layout& a, const Layout& b) {
-    return a.global_shape_ == b.global_shape_ && a.dtype_ == b.dtype_ && a.mesh_ == b.mesh_ &&
+    if (&a == &b) return true;
+    return a.hash_ == b.hash_ && a.global_shape_ == b.global_shape_ && a.dtype_ == b.dtype_ && a.mesh_ == b.mesh_ &&
            a.placements_ == b.placements_ && a.orders_ == b.orders_ && a.pieces_ == b.pieces_;
   }
 
@@ -95,6 +101,7 @@ class Layout {
   std::vector<std::vector<int64_t>> pieces_;  // per tensor dim
   std::vector<std::vector<int64_t>> starts_;  // per tensor dim: prefix sums of pieces_
   std::vector<bool> explicit_;
+  size_t hash_ = 0;
 };
 
 /// Sizes of torch.chunk-style pieces of `length` split by each of `splits` in turn.

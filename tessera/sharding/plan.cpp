@@ -332,7 +332,14 @@ int64_t plan_lower_bound(const Layout& src, const Layout& dst) {
   return bound + moved;
 }
 
+namespace {
+thread_local uint64_t plan_calls = 0;
+}  // namespace
+
+uint64_t plan_call_count() { return plan_calls; }
+
 Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
+  ++plan_calls;
   const std::string both = src.to_string() + " -> " + dst.to_string();
   TESSERA_CHECK(src.global_shape() == dst.global_shape(), ShardingError, "redistribute",
                 "global shapes differ: ", both);

@@ -86,6 +86,8 @@ struct Plan {
 /// destination (unless allowed), P(op) -> P(other op), or Partial values moving between meshes
 /// through a dim the destination does not reduce.
 Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options = {});
+/// How many times the calling thread has run plan() (dispatch benchmarks show 0 on cache hits).
+uint64_t plan_call_count();
 
 /// The dry run: what moves, over which groups, how many bytes, and the lower bound. Multi-line.
 std::string explain(const Plan& plan);

@@ -1,0 +1,181 @@
+// Op-dispatch overhead on DTensor: what an op costs on small shards beyond the Tensor kernel
+// it runs. Four ops whose inputs are already where the rule wants them (no communication):
+//
+//    add       [64, 64] S(0) + [64, 64] S(0)
+//    matmul    [64, 32] S(0) @ [32, 16] R
+//    softmax   [64, 64] S(0), dim 1
+//    reshape   [64, 64] S(0) -> [4096] (the sharded leading dim flattens cleanly)
+//
+// Per op: local = the same Tensor op on this rank's shards (the floor); hit = the DTensor op with
+// its decision cached (warmed by one call); miss = the DTensor op after clear_dispatch_cache()
+// (rule + planner each call; the clear itself is not timed). overhead = hit - local.
+// Goal: overhead < 1000 ns for add and matmul (PyTorch DTensor's is 25-90 us); a hit must make
+// no planner call (nor does a miss here: the planner runs only for an input that must move).
+// Goals are reported, never asserted.
+//
+// Timing: the median of 7 repetitions of the per-iteration mean (steady_clock), taken on rank 0.
+// Every rank runs the same loops: ops are collective in general (SPMD), so all ranks must make
+// the same calls even though these four do not communicate. A barrier starts every repetition.
+//
+// Usage: tessera_dispatch_bench [--iters 20000] [--miss-iters 200] [--json PATH] [--ranks 4]
+// Runs on 4 ranks (a 1-d mesh of 4). Google Benchmark flags are ignored.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <tessera/dtensor/dispatch.hpp>
+#include <tessera/tessera.hpp>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace tessera;
+
+struct Options {
+  int iters = 20000;
+  int miss_iters = 200;
+  std::string json;
+  int ranks = 4;
+};
+
+constexpr int kRepetitions = 7;
+
+struct Case {
+  std::string name;
+  std::function<void()> local;    // the Tensor op on the local shards
+  std::function<void()> dtensor;  // the DTensor op
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One repetition: the mean ns per call of `op` over `iters` calls, every rank starting together.
+double mean_ns(int iters, const std::function<void()>& op) {
+  world().barrier();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) op();
+  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / iters;
+}
+
+// The same with `before` run untimed ahead of each call, so each call is timed on its own
+// (steady_clock's own cost, ~20 ns, is small against a cache miss).
+double mean_ns(int iters, const std::function<void()>& op, const std::function<void()>& before) {
+  world().barrier();
+  double ns = 0;
+  for (int i = 0; i < iters; ++i) {
+    before();
+    const auto t0 = Clock::now();
+    op();
+    ns += std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  }
+  return ns / iters;
+}
+
+void bench(const Options& options, const char* argv0) {
+  const bool mpi = world().backend() == "mpi";
+  TESSERA_CHECK(world_size() == 4, ValueError, "tessera_dispatch_bench", "needs 4 ranks, got ", world_size());
+  const DeviceMesh mesh({4}, {"x"});
+  const DTensor a = rand({64, 64}, mesh, {Shard{0}}), b = rand({64, 64}, mesh, {Shard{0}});
+  const DTensor m = rand({64, 32}, mesh, {Shard{0}}), w = rand({32, 16}, mesh, {Replicate{}});
+  const Tensor la = a.to_local(), lb = b.to_local(), lm = m.to_local(), lw = w.to_local();
+  const Shape flat_local{la.numel()};  // the local shard flattened, as the DTensor reshape does
+  // Results are assigned to a live Tensor so each call allocates and frees its output as in use.
+  Tensor sink;
+  DTensor dsink;
+  const std::vector<Case> cases = {
+      {"add", [&] { sink = add(la, lb); }, [&] { dsink = add(a, b); }},
+      {"matmul", [&] { sink = matmul(lm, lw); }, [&] { dsink = matmul(m, w); }},
+      {"softmax", [&] { sink = softmax(la, 1); }, [&] { dsink = softmax(a, 1); }},
+      {"reshape", [&] { sink = reshape(la, flat_local); }, [&] { dsink = reshape(a, Shape{64 * 64}); }},
+  };
+
+  nlohmann::json rows = nlohmann::json::array();
+  if (rank() == 0) {
+    std::printf("DTensor op dispatch on %d ranks (%s), mesh [4], f32, median of %d repetitions of %d calls "
+                "(miss: %d)\n",
+                world_size(), mpi ? "mpi" : "threads", kRepetitions, options.iters, options.miss_iters);
+    std::printf("%-8s %10s %14s %12s %10s %16s %17s\n", "op", "local ns", "DTensor hit ns", "overhead ns",
+                "miss us", "planner/hit", "planner/miss");
+  }
+  for (const Case& c : cases) {
+    // Local and hit repetitions alternate, so both see the same machine (4 rank threads may
+    // share fewer cores, and drift between separate blocks would show up as overhead).
+    std::vector<double> local_reps, hit_reps, miss_reps;
+    c.dtensor();  // warm: the decision is cached from here on
+    reset_dispatch_stats();
+    for (int r = 0; r < kRepetitions; ++r) {
+      local_reps.push_back(mean_ns(options.iters, c.local));
+      hit_reps.push_back(mean_ns(options.iters, c.dtensor));
+    }
+    const DispatchStats hit = dispatch_stats();
+
+    reset_dispatch_stats();
+    for (int r = 0; r < kRepetitions; ++r)
+      miss_reps.push_back(mean_ns(options.miss_iters, c.dtensor, [] { clear_dispatch_cache(); }));
+    const DispatchStats miss = dispatch_stats();
+    const double local_ns = median(local_reps), hit_ns = median(hit_reps), miss_ns = median(miss_reps);
+
+    const double hit_calls = static_cast<double>(kRepetitions) * options.iters;
+    const double miss_calls = static_cast<double>(kRepetitions) * options.miss_iters;
+    const double planner_per_hit = static_cast<double>(hit.planner_calls) / hit_calls;
+    const double planner_per_miss = static_cast<double>(miss.planner_calls) / miss_calls;
+    if (rank() == 0) {
+      std::printf("%-8s %10.0f %14.0f %12.0f %10.2f %16.3f %17.3f\n", c.name.c_str(), local_ns, hit_ns,
+                  hit_ns - local_ns, miss_ns / 1e3, planner_per_hit, planner_per_miss);
+      rows.push_back({{"op", c.name},
+                      {"local_ns", local_ns},
+                      {"hit_ns", hit_ns},
+                      {"overhead_ns", hit_ns - local_ns},
+                      {"miss_us", miss_ns / 1e3},
+                      {"planner_calls_per_hit", planner_per_hit},
+                      {"planner_calls_per_miss", planner_per_miss},
+                      {"hits", hit.hits},
+                      {"misses_in_hit_loop", hit.misses},
+                      {"misses", miss.misses}});
+    }
+  }
+  if (rank() == 0) {
+    std::printf("goal: overhead < 1000 ns for add and matmul (PyTorch DTensor: 25-90 us); planner/hit = 0\n");
+    const std::string path = !options.json.empty()
+                                 ? options.json
+                                 : (std::filesystem::path(argv0).parent_path() /
+                                    ("dispatch_bench_" + std::string(mpi ? "mpi" : "threads") + ".json"))
+                                       .string();
+    std::ofstream(path) << nlohmann::json{{"ranks", world_size()},
+                                          {"iters", options.iters},
+                                          {"miss_iters", options.miss_iters},
+                                          {"repetitions", kRepetitions},
+                                          {"rows", rows}}
+                               .dump(2);
+    std::printf("json: %s\n", path.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{"Tessera DTensor op dispatch: overhead over the local Tensor op, cache hit and miss"};
+  app.add_option("--iters", options.iters, "calls per repetition, local and cache hit")->check(CLI::PositiveNumber);
+  app.add_option("--miss-iters", options.miss_iters, "calls per repetition, cache miss")->check(CLI::PositiveNumber);
+  app.add_option("--json", options.json, "JSON output (default: next to the binary)");
+  app.add_option("--ranks", options.ranks, "threads backend: number of ranks (read by tessera::run)");
+  app.allow_extras();  // Google Benchmark flags from `make bench BENCH_ARGS=...`
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return tessera::run(argc, argv, [&] { bench(options, argv[0]); });
+}

@@ -1,0 +1,133 @@
+#pragma once
+// The op library on DTensor: the same names and signatures as on Tensor (ops/*.hpp), decided by
+// sharding rules (sharding/op_rules.hpp) and run on the shards. Every rank of the mesh makes the
+// same calls (SPMD); an op communicates only where its inputs must be redistributed.
+//
+// Mixed operands: a Scalar, or a 0-d Tensor, is a replicated operand; any other Tensor beside a
+// DTensor throws ShardingError naming the op. Operands on different meshes throw ShardingError.
+// Shape errors throw ValueError as the Tensor op does.
+#include <optional>
+#include <vector>
+
+#include <tessera/core/scalar.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/ops/nn.hpp>
+
+namespace tessera {
+
+// --- elementwise (binary ops broadcast; see ops/elementwise.hpp for dtypes) --------------------
+#define TESSERA_DTENSOR_BINARY_DECL(name)                    \
+  DTensor name(const DTensor& a, const DTensor& b);          \
+  DTensor name(const DTensor& a, Scalar b);                  \
+  DTensor name(Scalar a, const DTensor& b);                  \
+  DTensor name(const DTensor& a, const Tensor& b);           \
+  DTensor name(const Tensor& a, const DTensor& b);
+TESSERA_DTENSOR_BINARY_DECL(add)
+TESSERA_DTENSOR_BINARY_DECL(sub)
+TESSERA_DTENSOR_BINARY_DECL(mul)
+TESSERA_DTENSOR_BINARY_DECL(div)
+TESSERA_DTENSOR_BINARY_DECL(pow)
+TESSERA_DTENSOR_BINARY_DECL(maximum)
+TESSERA_DTENSOR_BINARY_DECL(minimum)
+TESSERA_DTENSOR_BINARY_DECL(eq)
+TESSERA_DTENSOR_BINARY_DECL(ne)
+TESSERA_DTENSOR_BINARY_DECL(lt)
+TESSERA_DTENSOR_BINARY_DECL(le)
+TESSERA_DTENSOR_BINARY_DECL(gt)
+TESSERA_DTENSOR_BINARY_DECL(ge)
+#undef TESSERA_DTENSOR_BINARY_DECL
+DTensor logical_and(const DTensor& a, const DTensor& b);
+DTensor logical_or(const DTensor& a, const DTensor& b);
+DTensor logical_not(const DTensor& x);
+
+DTensor operator+(const DTensor& a, const DTensor& b);
+DTensor operator-(const DTensor& a, const DTensor& b);
+DTensor operator*(const DTensor& a, const DTensor& b);
+DTensor operator/(const DTensor& a, const DTensor& b);
+DTensor operator+(const DTensor& a, Scalar b);
+DTensor operator+(Scalar a, const DTensor& b);
+DTensor operator-(const DTensor& a, Scalar b);
+DTensor operator-(Scalar a, const DTensor& b);
+DTensor operator*(const DTensor& a, Scalar b);
+DTensor operator*(Scalar a, const DTensor& b);
+DTensor operator/(const DTensor& a, Scalar b);
+DTensor operator/(Scalar a, const DTensor& b);
+DTensor operator-(const DTensor& x);
+
+DTensor neg(const DTensor& x);
+DTensor abs(const DTensor& x);
+DTensor relu(const DTensor& x);
+DTensor sign(const DTensor& x);
+DTensor exp(const DTensor& x);
+DTensor log(const DTensor& x);
+DTensor sqrt(const DTensor& x);
+DTensor rsqrt(const DTensor& x);
+DTensor sin(const DTensor& x);
+DTensor cos(const DTensor& x);
+DTensor tanh(const DTensor& x);
+DTensor sigmoid(const DTensor& x);
+DTensor gelu(const DTensor& x);
+DTensor silu(const DTensor& x);
+DTensor clamp(const DTensor& x, Scalar lo, Scalar hi);
+
+/// cond ? a : b; with a Partial a and b of one op (cond not Partial) the result stays Partial.
+DTensor where(const DTensor& cond, const DTensor& a, const DTensor& b);
+DTensor where(const DTensor& cond, const DTensor& a, Scalar b);
+DTensor where(const DTensor& cond, Scalar a, const DTensor& b);
+DTensor masked_fill(const DTensor& x, const DTensor& mask, Scalar value);
+
+// --- reductions (a sharded reduced dim gives a Partial: sum -> P(sum), amax -> P(max),
+// amin -> P(min), prod -> P(product), mean -> P(avg) when every rank reduces as many elements,
+// else P(sum) of local sums over the global count; var/argmax/argmin gather the reduced dims) --
+DTensor sum(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DTensor mean(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DTensor prod(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DTensor amax(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DTensor amin(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DTensor var(const DTensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+DTensor argmax(const DTensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+DTensor argmin(const DTensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+
+// --- linear algebra: S(0) x R -> S(0), R x S(1) -> S(1), S(1) x S(0) -> P(sum), batch dims pass
+DTensor matmul(const DTensor& a, const DTensor& b);
+DTensor bmm(const DTensor& a, const DTensor& b);
+/// x @ weight^T + bias; with a sharded contraction the bias joins the Partial output once.
+DTensor linear(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias = std::nullopt);
+
+// --- nn ------------------------------------------------------------------------------------------
+/// The normalised dim is gathered if sharded; the others stay sharded.
+DTensor softmax(const DTensor& x, int64_t dim);
+DTensor log_softmax(const DTensor& x, int64_t dim);
+DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight = std::nullopt,
+                   const std::optional<DTensor>& bias = std::nullopt, double eps = 1e-5);
+DTensor rms_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight = std::nullopt,
+                 double eps = 1e-6);
+/// Vocabulary-sharded weight (S(0)): each rank looks up the rows it holds, a Partial(sum) reduced
+/// on demand; weight sharded on the embedding dim (S(1)): output sharded on its last dim.
+DTensor embedding(const DTensor& weight, const DTensor& indices);
+/// Class dim sharded (vocabulary parallel): the loss without gathering the logits (max and
+/// sum-exp reduced across the class shards). Semantics as the Tensor cross_entropy.
+DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t ignore_index = -100,
+                      Reduction reduction = Reduction::mean);
+
+// --- views: sharding kept where the sharded dim maps cleanly, else a planned redistribution ----
+DTensor reshape(const DTensor& x, const Shape& shape);  ///< one -1 allowed
+DTensor view(const DTensor& x, const Shape& shape);
+DTensor flatten(const DTensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+DTensor unsqueeze(const DTensor& x, int64_t dim);
+DTensor squeeze(const DTensor& x);
+DTensor squeeze(const DTensor& x, int64_t dim);
+DTensor transpose(const DTensor& x, int64_t dim0, int64_t dim1);
+DTensor permute(const DTensor& x, const std::vector<int64_t>& dims);
+DTensor expand(const DTensor& x, const Shape& shape);
+/// No data moves: a sharded dim's pieces are clipped (explicit, possibly empty, piece sizes).
+DTensor narrow(const DTensor& x, int64_t dim, int64_t start, int64_t length);
+/// x.narrow(dim, index, 1) with that dim then gathered (one slice moves) and removed.
+DTensor select(const DTensor& x, int64_t dim, int64_t index);
+DTensor cat(const std::vector<DTensor>& tensors, int64_t dim = 0);
+DTensor stack(const std::vector<DTensor>& tensors, int64_t dim = 0);
+std::vector<DTensor> chunk(const DTensor& x, int64_t chunks, int64_t dim = 0);
+std::vector<DTensor> split(const DTensor& x, int64_t split_size, int64_t dim = 0);
+std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
+
+}  // namespace tessera

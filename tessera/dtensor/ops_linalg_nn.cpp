@@ -1,0 +1,194 @@
+// matmul/bmm/linear and the nn ops on DTensor.
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/detail/op_call.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/linalg.hpp>
+#include <tessera/ops/nn.hpp>
+#include <tessera/ops/reduce.hpp>
+#include <tessera/ops/shape_ops.hpp>
+
+namespace tessera {
+
+using detail::call_op;
+using detail::Decision;
+using detail::op_id;
+using Locals = std::span<const Tensor>;
+
+DTensor matmul(const DTensor& a, const DTensor& b) {
+  static const int id = op_id("matmul");
+  return call_op(id, {&a, &b}, DimVector{}, [](Locals l) { return matmul(l[0], l[1]); });
+}
+
+DTensor bmm(const DTensor& a, const DTensor& b) {
+  static const int id = op_id("bmm");
+  TESSERA_CHECK(a.ndim() == 3 && b.ndim() == 3 && a.shape()[0] == b.shape()[0], ValueError, "bmm",
+                "expected two 3-d tensors of equal batch size, got ", a.shape().to_string(), " and ",
+                b.shape().to_string());
+  return call_op(id, {&a, &b}, DimVector{}, [](Locals l) { return bmm(l[0], l[1]); });
+}
+
+DTensor linear(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias) {
+  static const int id = op_id("linear");
+  TESSERA_CHECK(x.ndim() >= 1, ValueError, "linear", "input of shape ", x.shape().to_string(),
+                " must have at least one dim");
+  const auto kernel = [&](Locals l) { return linear(l[0], l[1], bias ? std::optional<Tensor>(l[2]) : std::nullopt); };
+  if (bias) return call_op(id, {&x, &weight, &*bias}, DimVector{1}, kernel);
+  return call_op(id, {&x, &weight}, DimVector{0}, kernel);
+}
+
+DTensor softmax(const DTensor& x, int64_t dim) {
+  static const int id = op_id("softmax");
+  const int64_t d = detail::normalized_dim(dim, std::max<int64_t>(x.ndim(), 1), x.shape(), "softmax");
+  return call_op(id, {&x}, DimVector{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return softmax(l[0], dim); });
+}
+
+DTensor log_softmax(const DTensor& x, int64_t dim) {
+  static const int id = op_id("log_softmax");
+  const int64_t d = detail::normalized_dim(dim, std::max<int64_t>(x.ndim(), 1), x.shape(), "log_softmax");
+  return call_op(id, {&x}, DimVector{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return log_softmax(l[0], dim); });
+}
+
+namespace {
+
+void check_normalized_shape(const DTensor& x, const Shape& normalized_shape, const char* op) {
+  const int64_t k = normalized_shape.size();
+  bool trailing = k >= 1 && k <= x.ndim();
+  for (int64_t i = 0; trailing && i < k; ++i) trailing = x.shape()[x.ndim() - k + i] == normalized_shape[i];
+  TESSERA_CHECK(trailing, ValueError, op, "normalized_shape ", normalized_shape.to_string(),
+                " is not a non-empty run of trailing dims of ", x.shape().to_string());
+}
+
+}  // namespace
+
+DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight,
+                   const std::optional<DTensor>& bias, double eps) {
+  static const int id = op_id("layer_norm");
+  check_normalized_shape(x, normalized_shape, "layer_norm");
+  const DimVector args{normalized_shape.size(), weight.has_value(), bias.has_value()};
+  const auto kernel = [&](Locals l) {
+    size_t next = 1;
+    std::optional<Tensor> w, b;
+    if (weight) w = l[next++];
+    if (bias) b = l[next++];
+    return layer_norm(l[0], normalized_shape, w, b, eps);
+  };
+  if (weight && bias) return call_op(id, {&x, &*weight, &*bias}, args, kernel);
+  if (weight) return call_op(id, {&x, &*weight}, args, kernel);
+  if (bias) return call_op(id, {&x, &*bias}, args, kernel);
+  return call_op(id, {&x}, args, kernel);
+}
+
+DTensor rms_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight, double eps) {
+  static const int id = op_id("rms_norm");
+  check_normalized_shape(x, normalized_shape, "rms_norm");
+  const DimVector args{normalized_shape.size(), weight.has_value()};
+  const auto kernel = [&](Locals l) {
+    return rms_norm(l[0], normalized_shape, weight ? std::optional<Tensor>(l[1]) : std::nullopt, eps);
+  };
+  if (weight) return call_op(id, {&x, &*weight}, args, kernel);
+  return call_op(id, {&x}, args, kernel);
+}
+
+namespace {
+
+bool is_index_dtype(DType t) { return t == DType::i32 || t == DType::i64 || t == DType::u8; }
+
+// Indices in [begin, end) shifted to local rows, the rest sent to row 0; and the mask of the kept.
+std::pair<Tensor, Tensor> local_rows(const Tensor& indices, int64_t begin, int64_t end) {
+  const Tensor mask = logical_and(ge(indices, Scalar(begin)), lt(indices, Scalar(end)));
+  const Tensor shifted = where(mask, sub(indices.to(DType::i64), Scalar(begin)), Scalar(int64_t{0}));
+  return {shifted, mask};
+}
+
+// Throws ValueError on every rank when any index is outside [0, count) (and not `allowed`). A
+// replicated tensor is checked where it lies; a sharded one with one sum over the mesh, so that
+// every rank throws alike and none is left waiting in a later collective.
+void check_index_range(const DTensor& indices, int64_t count, std::optional<int64_t> allowed, const char* op,
+                       const char* what) {
+  const auto bad_of = [&](const auto& t) {
+    auto bad = logical_or(lt(t, Scalar(0)), ge(t, Scalar(count)));
+    return allowed ? logical_and(bad, ne(t, Scalar(*allowed))) : bad;
+  };
+  int64_t found = 0;
+  if (indices.layout().is_replicated()) {
+    const Tensor local = indices.to_local();
+    found = local.numel() == 0 ? 0 : sum(bad_of(local)).item<int64_t>();
+  } else {
+    found = sum(bad_of(indices)).full_tensor().item<int64_t>();
+  }
+  TESSERA_CHECK(found == 0, ValueError, op, found, " ", what, found == 1 ? " is" : "s are", " out of [0, ", count, ")",
+                allowed ? " and not ignore_index " + std::to_string(*allowed) : std::string());
+}
+
+}  // namespace
+
+DTensor embedding(const DTensor& weight, const DTensor& indices) {
+  static const int id = op_id("embedding");
+  TESSERA_CHECK(weight.ndim() == 2, ValueError, "embedding", "weight of shape ", weight.shape().to_string(),
+                " must be 2-d [num_embeddings, dim]");
+  TESSERA_CHECK(is_index_dtype(indices.dtype()), ValueError, "embedding", "indices must be integers (i32, i64, u8), got ",
+                name(indices.dtype()));
+  const int64_t vocab = weight.shape()[0];
+  check_index_range(indices, vocab, std::nullopt, "embedding", "index");
+  return call_op(id, {&weight, &indices}, DimVector{}, [&](Locals l, const Decision& d) {
+    const Block& rows = d.blocks[0];
+    if (rows.begin[0] == 0 && rows.end[0] == vocab) return embedding(l[0], l[1]);
+    // Vocabulary-sharded: look up the rows this rank holds, zeros elsewhere (a Partial(sum)).
+    if (l[0].shape()[0] == 0) return zeros(d.output_local_shape, l[0].dtype());
+    const auto [shifted, mask] = local_rows(l[1], rows.begin[0], rows.end[0]);
+    return where(unsqueeze(mask, -1), embedding(l[0], shifted), Scalar(0));
+  });
+}
+
+namespace {
+
+// logits' value at each target class along class_dim; with the class dim sharded each rank picks
+// what it holds (zero elsewhere), a Partial(sum). Targets outside the block (ignore_index) give 0.
+DTensor class_pick(const DTensor& logits, const DTensor& target, int64_t class_dim) {
+  static const int id = op_id("class_pick");
+  return call_op(id, {&logits, &target}, DimVector{class_dim}, [&](Locals l, const Decision& d) {
+    const int64_t begin = d.blocks[0].begin[class_dim], count = l[0].shape()[class_dim];
+    Shape along = Shape::filled(l[0].ndim(), 1);
+    along[class_dim] = count;
+    const Tensor classes = add(arange(count), Scalar(begin)).reshape(along);
+    const Tensor hit = eq(classes, unsqueeze(l[1].to(DType::i64), class_dim));
+    return sum(where(hit, l[0], Scalar(0)), {class_dim});
+  });
+}
+
+}  // namespace
+
+DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t ignore_index, Reduction reduction) {
+  const int64_t nd = logits.ndim();
+  const int64_t class_dim = nd == 1 ? 0 : 1;
+  Shape expected = logits.shape();
+  bool shapes_ok = nd >= 1;
+  if (shapes_ok) {
+    expected.erase(class_dim);
+    shapes_ok = target.shape() == expected;
+  }
+  TESSERA_CHECK(shapes_ok, ValueError, "cross_entropy", "logits ", logits.shape().to_string(), " and target ",
+                target.shape().to_string(), " do not match; expected logits [N, C, ...] with target [N, ...] or [C] with []");
+  TESSERA_CHECK(is_floating(logits.dtype()), ValueError, "cross_entropy", "logits must be floating, got ",
+                name(logits.dtype()));
+  TESSERA_CHECK(is_index_dtype(target.dtype()), ValueError, "cross_entropy", "targets must be integers, got ",
+                name(target.dtype()));
+  const int64_t classes = logits.shape()[class_dim];
+  check_index_range(target, classes, ignore_index, "cross_entropy", "target");
+  // loss = logsumexp(logits) - logits[target], with the max subtracted for stability. Across class
+  // shards: amax -> P(max) reduced by the subtraction; the sum of exps -> P(sum) reduced by log;
+  // the picked logit -> P(sum). Nothing of the logits' size moves.
+  const DTensor shifted = sub(logits, amax(logits, {class_dim}, true));
+  const DTensor loss = sub(log(sum(exp(shifted), {class_dim})), class_pick(shifted, target, class_dim));
+  const DTensor valid = ne(target, Scalar(ignore_index));
+  const DTensor kept = where(valid, loss, Scalar(0));
+  switch (reduction) {
+    case Reduction::none: return kept;
+    case Reduction::sum: return sum(kept);
+    case Reduction::mean: break;
+  }
+  return div(sum(kept), sum(valid));
+}
+
+}  // namespace tessera

@@ -1,0 +1,123 @@
+// Reductions on DTensor. A sharded reduced dim makes the local result a Partial (the rule says
+// which); the kernels here only handle what the local op cannot: empty shards of amax/amin and
+// mean over uneven shards.
+#include <limits>
+
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/detail/op_call.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/reduce.hpp>
+
+namespace tessera {
+
+using detail::call_op;
+using detail::Decision;
+using detail::op_id;
+using Locals = std::span<const Tensor>;
+
+namespace {
+
+DimVector encode(int64_t first, const std::vector<int64_t>& dims) {
+  DimVector args{first};
+  for (int64_t d : dims) args.push_back(d);
+  return args;
+}
+
+// The identity of max (lowest value) or min (highest) in a dtype: what an empty shard contributes.
+Scalar extreme(DType dtype, bool lowest) {
+  switch (dtype) {
+    case DType::i32: return lowest ? Scalar(std::numeric_limits<int32_t>::min()) : Scalar(std::numeric_limits<int32_t>::max());
+    case DType::i64: return lowest ? Scalar(std::numeric_limits<int64_t>::min()) : Scalar(std::numeric_limits<int64_t>::max());
+    case DType::u8: return lowest ? Scalar(0) : Scalar(255);
+    case DType::b8: return Scalar(!lowest);
+    default: return Scalar(lowest ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity());
+  }
+}
+
+DTensor extremum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim, bool is_max) {
+  const char* name = is_max ? "amax" : "amin";
+  static const int max_id = op_id("amax");
+  static const int min_id = op_id("amin");
+  const auto reduced = detail::normalized_dims(dims, x.shape(), name);
+  for (int64_t d : reduced)
+    TESSERA_CHECK(x.shape()[d] > 0, ValueError, name, "reducing the zero-size dim ", d, " of shape ",
+                  x.shape().to_string());
+  return call_op(is_max ? max_id : min_id, {&x}, encode(keepdim, reduced), [&](Locals l, const Decision& d) {
+    bool empty_shard = false;
+    for (int64_t dim : reduced) empty_shard |= l[0].shape()[dim] == 0;
+    if (empty_shard) return full(d.output_local_shape, extreme(l[0].dtype(), is_max), l[0].dtype());
+    return is_max ? amax(l[0], reduced, keepdim) : amin(l[0], reduced, keepdim);
+  });
+}
+
+}  // namespace
+
+DTensor sum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  static const int id = op_id("sum");
+  const auto reduced = detail::normalized_dims(dims, x.shape(), "sum");
+  return call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l) { return sum(l[0], reduced, keepdim); });
+}
+
+DTensor mean(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  static const int id = op_id("mean");
+  const auto reduced = detail::normalized_dims(dims, x.shape(), "mean");
+  return call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l, const Decision& d) {
+    // A contraction the rule made P(sum) (uneven shards): local sum over the global count.
+    const Placements& in = d.targets[0]->placements();
+    const Placements& out = d.output->placements();
+    bool summed = false;
+    for (size_t m = 0; m < out.size(); ++m)
+      summed |= out[m] == Placement{Partial{ReduceOp::sum}} && in[m] != Placement{Partial{ReduceOp::sum}};
+    if (!summed) return mean(l[0], reduced, keepdim);
+    int64_t count = 1;
+    for (int64_t dim : reduced) count *= x.shape()[dim];
+    return div(sum(l[0], reduced, keepdim), static_cast<double>(count));
+  });
+}
+
+DTensor prod(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  static const int id = op_id("prod");
+  const auto reduced = detail::normalized_dims(dims, x.shape(), "prod");
+  return call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l) { return prod(l[0], reduced, keepdim); });
+}
+
+DTensor amax(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return extremum(x, dims, keepdim, true);
+}
+DTensor amin(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return extremum(x, dims, keepdim, false);
+}
+
+DTensor var(const DTensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  static const int id = op_id("var");
+  const auto reduced = detail::normalized_dims(dims, x.shape(), "var");
+  DimVector args{keepdim, correction};
+  for (int64_t d : reduced) args.push_back(d);
+  return call_op(id, {&x}, args, [&](Locals l) { return var(l[0], reduced, correction, keepdim); });
+}
+
+namespace {
+
+DTensor arg_extremum(const DTensor& x, std::optional<int64_t> dim, bool keepdim, bool is_max) {
+  const char* name = is_max ? "argmax" : "argmin";
+  static const int max_id = op_id("argmax");
+  static const int min_id = op_id("argmin");
+  std::optional<int64_t> d;
+  if (dim) d = detail::normalized_dim(*dim, std::max<int64_t>(x.ndim(), 1), x.shape(), name);
+  if (x.ndim() == 0) d.reset();
+  return call_op(is_max ? max_id : min_id, {&x}, DimVector{keepdim, d ? *d : -1}, [&](Locals l) {
+    return is_max ? argmax(l[0], d, keepdim) : argmin(l[0], d, keepdim);
+  });
+}
+
+}  // namespace
+
+DTensor argmax(const DTensor& x, std::optional<int64_t> dim, bool keepdim) {
+  return arg_extremum(x, dim, keepdim, true);
+}
+DTensor argmin(const DTensor& x, std::optional<int64_t> dim, bool keepdim) {
+  return arg_extremum(x, dim, keepdim, false);
+}
+
+}  // namespace tessera

@@ -1,0 +1,261 @@
+#include <tessera/sharding/op_rule.hpp>
+
+#include <algorithm>
+#include <limits>
+#include <map>
+
+#include <tessera/core/error.hpp>
+#include <tessera/sharding/plan.hpp>
+
+namespace tessera {
+
+namespace {
+
+// Index of factor f in an operand's dims, or -1.
+int64_t dim_of(const std::vector<int>& dims, int f) {
+  const auto it = std::find(dims.begin(), dims.end(), f);
+  return it == dims.end() ? -1 : it - dims.begin();
+}
+
+template <class T>
+T at_or(const std::vector<T>& values, size_t i, T fallback) {
+  return i < values.size() ? values[i] : fallback;
+}
+
+}  // namespace
+
+std::string ShardingRow::to_string() const { return tessera::to_string(inputs) + " -> " + tessera::to_string(output); }
+
+std::string OpStrategy::to_string() const {
+  std::string text = "[";
+  for (size_t i = 0; i < inputs.size(); ++i) text += (i ? ", " : "") + tessera::to_string(inputs[i]);
+  return text + "] -> " + tessera::to_string(output);
+}
+
+FactorRule FactorRule::parse(std::string_view equation) {
+  const auto arrow = equation.find("->");
+  TESSERA_CHECK(arrow != std::string_view::npos, ValueError, "FactorRule::parse", "equation '", equation,
+                "' has no '->'; expected e.g. 'mk,kn->mn'");
+  FactorRule rule;
+  std::map<char, int> ids;
+  const auto operand = [&](std::string_view text, bool is_output) {
+    std::vector<int> dims;
+    for (char c : text) {
+      if (c == ' ') continue;
+      if (c == '1') {
+        dims.push_back(kNoFactor);
+        continue;
+      }
+      TESSERA_CHECK((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'), ValueError, "FactorRule::parse", "equation '",
+                    equation, "' has '", std::string(1, c), "'; factors are letters, '1' is a dim without one");
+      auto it = ids.find(c);
+      if (it == ids.end()) {
+        TESSERA_CHECK(!is_output, ValueError, "FactorRule::parse", "equation '", equation, "': output factor '",
+                      std::string(1, c), "' appears in no input");
+        it = ids.emplace(c, static_cast<int>(ids.size())).first;
+      }
+      TESSERA_CHECK(std::find(dims.begin(), dims.end(), it->second) == dims.end(), ValueError, "FactorRule::parse",
+                    "equation '", equation, "' repeats factor '", std::string(1, c), "' in one operand");
+      dims.push_back(it->second);
+    }
+    return dims;
+  };
+  std::string_view lhs = equation.substr(0, arrow);
+  while (true) {
+    const auto comma = lhs.find(',');
+    rule.inputs.push_back(operand(lhs.substr(0, comma), false));
+    if (comma == std::string_view::npos) break;
+    lhs.remove_prefix(comma + 1);
+  }
+  rule.output = operand(equation.substr(arrow + 2), true);
+  rule.num_factors = static_cast<int>(ids.size());
+  return rule;
+}
+
+std::string FactorRule::to_string() const {
+  const auto letters = [](const std::vector<int>& dims) {
+    std::string text;
+    for (int f : dims) text += f == kNoFactor ? '1' : static_cast<char>('a' + f % 26);
+    return text;
+  };
+  std::string text;
+  for (size_t i = 0; i < inputs.size(); ++i) text += (i ? "," : "") + letters(inputs[i]);
+  return text + "->" + letters(output);
+}
+
+std::vector<ShardingRow> factor_rows(const FactorRule& rule) {
+  const size_t n = rule.inputs.size();
+  std::vector<ShardingRow> rows;
+  rows.push_back({Placements(n, Replicate{}), Replicate{}});
+  for (int f = 0; f < rule.num_factors; ++f) {
+    if (at_or(rule.replicated, static_cast<size_t>(f), false)) continue;
+    bool in_any_input = false;
+    for (const auto& dims : rule.inputs) in_any_input |= dim_of(dims, f) >= 0;
+    if (!in_any_input) continue;
+    const int64_t out_dim = dim_of(rule.output, f);
+    const Placement contracted = Partial{at_or(rule.contraction, static_cast<size_t>(f), ReduceOp::sum)};
+    ShardingRow row{{}, out_dim >= 0 ? Placement{Shard{out_dim}} : contracted};
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t d = dim_of(rule.inputs[i], f);
+      if (d >= 0) row.inputs.push_back(Shard{d});
+      else if (out_dim < 0 && at_or(rule.additive, i, false)) row.inputs.push_back(contracted);
+      else row.inputs.push_back(Replicate{});
+    }
+    rows.push_back(std::move(row));
+  }
+  for (const auto& row : rule.linear) rows.push_back(row);
+  return rows;
+}
+
+std::vector<OpStrategy> expand_rows(const std::vector<ShardingRow>& rows, int64_t mesh_ndim) {
+  const size_t n = rows.empty() ? 0 : rows.front().inputs.size();
+  std::vector<OpStrategy> out{OpStrategy{std::vector<Placements>(n), {}}};
+  for (int64_t m = 0; m < mesh_ndim; ++m) {
+    std::vector<OpStrategy> next;
+    next.reserve(out.size() * rows.size());
+    for (const auto& partial : out) {
+      for (const auto& row : rows) {
+        OpStrategy s = partial;
+        for (size_t i = 0; i < n; ++i) s.inputs[i].push_back(row.inputs[i]);
+        s.output.push_back(row.output);
+        next.push_back(std::move(s));
+      }
+    }
+    out = std::move(next);
+  }
+  return out;
+}
+
+Shape factor_output_shape(const FactorRule& rule, const std::vector<const Layout*>& inputs, std::string_view op) {
+  TESSERA_CHECK(rule.inputs.size() == inputs.size(), ValueError, op, "rule ", rule.to_string(), " takes ",
+                rule.inputs.size(), " inputs, got ", inputs.size());
+  std::vector<int64_t> size(static_cast<size_t>(rule.num_factors), -1);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& dims = rule.inputs[i];
+    const Shape& shape = inputs[i]->global_shape();
+    TESSERA_CHECK(static_cast<int64_t>(dims.size()) == shape.size(), ValueError, op, "input ", i, " has shape ",
+                  shape.to_string(), " but rule ", rule.to_string(), " gives it ", dims.size(), " dims");
+    for (size_t d = 0; d < dims.size(); ++d) {
+      if (dims[d] == kNoFactor) continue;
+      auto& s = size[static_cast<size_t>(dims[d])];
+      if (s < 0) s = shape[static_cast<int64_t>(d)];
+      std::string shapes;
+      for (const auto* in : inputs) shapes += (shapes.empty() ? "" : ", ") + in->global_shape().to_string();
+      TESSERA_CHECK(s == shape[static_cast<int64_t>(d)], ValueError, op, "shapes ", shapes, " do not match rule ",
+                    rule.to_string(), ": dim ", d, " of input ", i, " has size ", shape[static_cast<int64_t>(d)],
+                    ", expected ", s);
+    }
+  }
+  Shape out = Shape::filled(static_cast<int64_t>(rule.output.size()), 1);
+  for (size_t j = 0; j < rule.output.size(); ++j)
+    if (rule.output[j] != kNoFactor) out[static_cast<int64_t>(j)] = size[static_cast<size_t>(rule.output[j])];
+  return out;
+}
+
+OpProposal factor_proposal(const FactorRule& rule, const std::vector<const Layout*>& inputs, const OpStrategy& strategy,
+                           const Shape& output_shape) {
+  const MeshSpec& mesh = inputs.front()->mesh();
+  const int64_t mesh_ndim = mesh.ndim();
+  // Mesh dims sharding each factor, in ascending order.
+  std::vector<std::vector<int64_t>> sharding(static_cast<size_t>(rule.num_factors));
+  const auto note = [&](const std::vector<int>& dims, const Placements& placements) {
+    for (int64_t m = 0; m < mesh_ndim; ++m)
+      if (const auto* s = std::get_if<Shard>(&placements[static_cast<size_t>(m)]); s && dims[s->dim] != kNoFactor) {
+        auto& list = sharding[static_cast<size_t>(dims[s->dim])];
+        if (std::find(list.begin(), list.end(), m) == list.end()) list.push_back(m);
+      }
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) note(rule.inputs[i], strategy.inputs[i]);
+  note(rule.output, strategy.output);
+  // Shard order and sizes per factor: from the first input already sharded over the same mesh dims.
+  std::vector<std::vector<int64_t>> order(sharding.size());
+  std::vector<std::vector<int64_t>> sizes(sharding.size());
+  for (size_t f = 0; f < sharding.size(); ++f) {
+    auto& mine = sharding[f];
+    std::sort(mine.begin(), mine.end());
+    order[f] = mine;
+    if (mine.empty()) continue;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int64_t d = dim_of(rule.inputs[i], static_cast<int>(f));
+      if (d < 0) continue;
+      std::vector<int64_t> theirs = inputs[i]->shard_order(d);
+      std::sort(theirs.begin(), theirs.end());
+      if (theirs != mine) continue;
+      order[f] = inputs[i]->shard_order(d);
+      if (inputs[i]->has_explicit_sizes(d)) sizes[f] = inputs[i]->piece_sizes(d);
+      break;
+    }
+  }
+  const auto layout_of = [&](const std::vector<int>& dims, const Shape& shape, DType dtype, const Placements& p) {
+    ShardOrder orders;
+    ShardSizes explicit_sizes;
+    for (size_t d = 0; d < dims.size(); ++d) {
+      if (dims[d] == kNoFactor) continue;
+      const auto f = static_cast<size_t>(dims[d]);
+      bool sharded = false;
+      for (const auto& placement : p) sharded |= is_shard(placement, static_cast<int64_t>(d));
+      if (!sharded) continue;
+      orders[static_cast<int64_t>(d)] = order[f];
+      if (!sizes[f].empty()) explicit_sizes[static_cast<int64_t>(d)] = sizes[f];
+    }
+    return Layout(shape, dtype, mesh, p, orders, explicit_sizes);
+  };
+  OpProposal proposal;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    proposal.inputs.push_back(
+        layout_of(rule.inputs[i], inputs[i]->global_shape(), inputs[i]->dtype(), strategy.inputs[i]));
+  proposal.output = layout_of(rule.output, output_shape, inputs.front()->dtype(), strategy.output);
+  return proposal;
+}
+
+std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vector<const Layout*>& inputs,
+                                         std::string_view op) {
+  const Shape out_shape = factor_output_shape(rule, inputs, op);
+  std::vector<OpProposal> proposals;
+  for (const auto& strategy : expand_rows(factor_rows(rule), inputs.front()->mesh().ndim()))
+    proposals.push_back(factor_proposal(rule, inputs, strategy, out_shape));
+  return proposals;
+}
+
+double planned_cost(const Layout& from, const Layout& to) {
+  PlanOptions options;
+  options.allow_partial_destination = true;
+  return plan(from, to, options).cost;
+}
+
+size_t cheapest_proposal(const std::vector<OpProposal>& proposals, const std::vector<const Layout*>& inputs,
+                         const RedistributionCost& cost, std::string_view op) {
+  constexpr double kUnreachable = std::numeric_limits<double>::infinity();
+  // Strategies share input targets; plan each (input, target) once.
+  std::vector<std::vector<std::pair<const Layout*, double>>> memo(inputs.size());
+  const auto move_cost = [&](size_t i, const Layout& to) {
+    if (to == *inputs[i]) return 0.0;
+    for (const auto& [seen, c] : memo[i])
+      if (*seen == to) return c;
+    double c = kUnreachable;
+    try {
+      c = cost(*inputs[i], to);
+    } catch (const ShardingError&) {
+    }
+    memo[i].emplace_back(&to, c);
+    return c;
+  };
+  size_t best = proposals.size();
+  double best_cost = kUnreachable;
+  for (size_t p = 0; p < proposals.size(); ++p) {
+    double total = 0;
+    for (size_t i = 0; i < inputs.size() && total < best_cost; ++i) total += move_cost(i, proposals[p].inputs[i]);
+    if (total < best_cost) {
+      best = p;
+      best_cost = total;
+    }
+  }
+  if (best == proposals.size()) {
+    std::string described;
+    for (const auto* in : inputs) described += (described.empty() ? "" : ", ") + in->to_string();
+    TESSERA_CHECK(false, ShardingError, op, "no sharding strategy is reachable from inputs ", described);
+  }
+  return best;
+}
+
+}  // namespace tessera

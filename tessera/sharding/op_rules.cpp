@@ -1,0 +1,458 @@
+// Built-in sharding rules. The argument encoding of each op (what its DTensor overload passes as
+// `args`, and its dispatch cache keys on):
+//   elementwise ops      {scalar slot (ScalarSlot), scalar kinds...}
+//   sum mean prod amax amin {keepdim, reduced dims ascending...}
+//   var                  {keepdim, correction, reduced dims ascending...}
+//   argmax argmin        {keepdim, dim or -1 for the flattened tensor}
+//   matmul bmm embedding {}            linear {has bias}
+//   softmax log_softmax  {dim}         class_pick {class dim}
+//   layer_norm           {normalized dims, has weight, has bias}   rms_norm {normalized dims, has weight}
+//   reshape expand       {result shape...}   permute {dims...}   narrow {dim, start, length}
+//   cat stack            {dim}
+#include <tessera/sharding/op_rules.hpp>
+
+#include <algorithm>
+#include <mutex>
+
+#include <tessera/core/error.hpp>
+#include <tessera/sharding/view_rules.hpp>
+
+namespace tessera {
+
+int RuleRegistry::id(std::string_view op) {
+  {
+    std::shared_lock lock(mutex_);
+    if (auto it = ids_.find(std::string(op)); it != ids_.end()) return it->second;
+  }
+  std::unique_lock lock(mutex_);
+  auto [it, inserted] = ids_.emplace(std::string(op), static_cast<int>(names_.size()));
+  if (inserted) {
+    names_.emplace_back(op);
+    rules_.emplace_back();
+  }
+  return it->second;
+}
+
+void RuleRegistry::set(std::string_view op, ShardingRuleFn rule) {
+  const int i = id(op);
+  std::unique_lock lock(mutex_);
+  rules_[static_cast<size_t>(i)] = std::make_shared<const ShardingRuleFn>(std::move(rule));
+  version_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+std::shared_ptr<const ShardingRuleFn> RuleRegistry::rule(int id) const {
+  std::shared_lock lock(mutex_);
+  return id >= 0 && static_cast<size_t>(id) < rules_.size() ? rules_[static_cast<size_t>(id)] : nullptr;
+}
+
+std::string RuleRegistry::name(int id) const {
+  std::shared_lock lock(mutex_);
+  return id >= 0 && static_cast<size_t>(id) < names_.size() ? names_[static_cast<size_t>(id)] : "?";
+}
+
+namespace {
+
+constexpr ReduceOp kLinearOps[] = {ReduceOp::sum, ReduceOp::avg};
+constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+
+std::string shapes_text(const std::vector<Shape>& shapes) {
+  std::string text;
+  for (const auto& s : shapes) text += (text.empty() ? "" : ", ") + s.to_string();
+  return text;
+}
+
+std::vector<ShardingRow> linear_rows(Linearity linearity, size_t n, int64_t slot) {
+  std::vector<ShardingRow> rows;
+  const auto row = [&](std::vector<Placement> in, Placement out) { rows.push_back({std::move(in), out}); };
+  const Placement R = Replicate{};
+  switch (linearity) {
+    case Linearity::none:
+      break;
+    case Linearity::additive:
+      if (n == 2)
+        for (ReduceOp op : kLinearOps) row({Partial{op}, Partial{op}}, Partial{op});
+      break;
+    case Linearity::scaling:
+      for (ReduceOp op : kLinearOps) {
+        if (n == 2) {
+          row({Partial{op}, R}, Partial{op});
+          row({R, Partial{op}}, Partial{op});
+        } else if (n == 1 && slot != kNoScalar) {
+          row({Partial{op}}, Partial{op});
+        }
+      }
+      break;
+    case Linearity::dividing:
+      for (ReduceOp op : kLinearOps) {
+        if (n == 2) row({Partial{op}, R}, Partial{op});
+        else if (n == 1 && slot == kScalarRight) row({Partial{op}}, Partial{op});
+      }
+      break;
+    case Linearity::negating:
+      for (ReduceOp op : kLinearOps) row({Partial{op}}, Partial{op});
+      row({Partial{ReduceOp::max}}, Partial{ReduceOp::min});
+      row({Partial{ReduceOp::min}}, Partial{ReduceOp::max});
+      break;
+    case Linearity::monotone:
+      for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) row({Partial{op}}, Partial{op});
+      break;
+    case Linearity::max_like:
+    case Linearity::min_like: {
+      const Placement P = Partial{linearity == Linearity::max_like ? ReduceOp::max : ReduceOp::min};
+      if (n == 2) {
+        row({P, P}, P);
+        row({P, R}, P);
+        row({R, P}, P);
+      } else if (n == 1) {
+        row({P}, P);
+      }
+      break;
+    }
+    case Linearity::selecting:
+      if (n == 3)
+        for (ReduceOp op : kAllOps) row({R, Partial{op}, Partial{op}}, Partial{op});
+      break;
+  }
+  return rows;
+}
+
+ShardingRuleFn elementwise(Linearity linearity) {
+  return [linearity](const std::vector<const Layout*>& inputs, const DimVector& args) {
+    std::vector<Shape> shapes;
+    for (const auto* in : inputs) shapes.push_back(in->global_shape());
+    const int64_t slot = args.empty() ? kNoScalar : args[0];
+    return factor_proposals(elementwise_factor_rule(shapes, linearity, slot, "elementwise"), inputs, "elementwise");
+  };
+}
+
+// Mean over unevenly sharded dims cannot be Partial(avg) (ranks average different counts): those
+// contractions become Partial(sum) of local sums divided by the global count (the kernel's part).
+void fix_uneven_mean(std::vector<OpProposal>& proposals, const std::vector<int64_t>& reduced) {
+  for (auto& p : proposals) {
+    const Layout& in = p.inputs.front();
+    const MeshSpec& mesh = in.mesh();
+    int64_t first = -1;
+    bool even = true;
+    for (int r : mesh.ranks()) {
+      const Shape local = in.local_shape(mesh.coordinate_of(r));
+      int64_t count = 1;
+      for (int64_t d : reduced) count *= local[d];
+      if (first < 0) first = count;
+      even &= count == first && count > 0;
+    }
+    if (even) continue;
+    Placements out = p.output.placements();
+    bool changed = false;
+    for (size_t m = 0; m < out.size(); ++m) {
+      if (out[m] == Placement{Partial{ReduceOp::avg}} && in.placements()[m] != Placement{Partial{ReduceOp::avg}}) {
+        out[m] = Partial{ReduceOp::sum};
+        changed = true;
+      }
+    }
+    if (changed) p.output = p.output.with_placements(out);
+  }
+}
+
+enum class ReductionKind { sum, mean, prod, amax, amin, var, arg };
+
+ShardingRuleFn reduction(ReductionKind kind) {
+  return [kind](const std::vector<const Layout*>& inputs, const DimVector& args) {
+    const Layout& x = *inputs.front();
+    const int64_t nd = x.ndim();
+    const bool keepdim = args[0] != 0;
+    std::vector<int64_t> reduced;
+    if (kind == ReductionKind::arg) {
+      if (args[1] < 0)
+        for (int64_t d = 0; d < nd; ++d) reduced.push_back(d);
+      else reduced.push_back(args[1]);
+    } else {
+      for (int64_t i = kind == ReductionKind::var ? 2 : 1; i < args.size(); ++i) reduced.push_back(args[i]);
+    }
+    FactorRule rule;
+    rule.num_factors = static_cast<int>(nd);
+    rule.inputs.emplace_back();
+    for (int64_t d = 0; d < nd; ++d) {
+      rule.inputs[0].push_back(static_cast<int>(d));
+      const bool is_reduced = std::find(reduced.begin(), reduced.end(), d) != reduced.end();
+      if (!is_reduced) rule.output.push_back(static_cast<int>(d));
+      else if (keepdim) rule.output.push_back(kNoFactor);
+    }
+    ReduceOp op = ReduceOp::sum;
+    switch (kind) {
+      case ReductionKind::mean: op = ReduceOp::avg; break;
+      case ReductionKind::prod: op = ReduceOp::product; break;
+      case ReductionKind::amax: op = ReduceOp::max; break;
+      case ReductionKind::amin: op = ReduceOp::min; break;
+      default: break;
+    }
+    rule.contraction.assign(static_cast<size_t>(nd), op);
+    rule.replicated.assign(static_cast<size_t>(nd), false);
+    if (kind == ReductionKind::var || kind == ReductionKind::arg)
+      for (int64_t d : reduced) rule.replicated[static_cast<size_t>(d)] = true;
+    if (kind == ReductionKind::sum || kind == ReductionKind::mean) {
+      for (ReduceOp p : kLinearOps) rule.linear.push_back({{Partial{p}}, Partial{p}});
+    } else if (kind != ReductionKind::var && kind != ReductionKind::arg) {
+      rule.linear.push_back({{Partial{op}}, Partial{op}});
+    }
+    auto proposals = factor_proposals(rule, inputs, "reduction");
+    if (kind == ReductionKind::mean) fix_uneven_mean(proposals, reduced);
+    return proposals;
+  };
+}
+
+ShardingRuleFn factor_rule_of(std::function<FactorRule(const std::vector<const Layout*>&, const DimVector&)> make,
+                              const char* op) {
+  return [make = std::move(make), op](const std::vector<const Layout*>& inputs, const DimVector& args) {
+    return factor_proposals(make(inputs, args), inputs, op);
+  };
+}
+
+// All dims of an operand as factors 0..nd-1.
+std::vector<int> identity_factors(int64_t nd) {
+  std::vector<int> dims;
+  for (int64_t d = 0; d < nd; ++d) dims.push_back(static_cast<int>(d));
+  return dims;
+}
+
+FactorRule normalization_rule(const std::vector<const Layout*>& inputs, int64_t normalized, size_t extra_inputs) {
+  const int64_t nd = inputs.front()->ndim();
+  FactorRule rule;
+  rule.num_factors = static_cast<int>(nd);
+  rule.inputs.push_back(identity_factors(nd));
+  rule.output = identity_factors(nd);
+  rule.replicated.assign(static_cast<size_t>(nd), false);
+  for (int64_t d = nd - normalized; d < nd; ++d) rule.replicated[static_cast<size_t>(d)] = true;
+  for (size_t i = 0; i < extra_inputs; ++i) {
+    std::vector<int> dims;
+    for (int64_t d = nd - normalized; d < nd; ++d) dims.push_back(static_cast<int>(d));
+    rule.inputs.push_back(dims);
+  }
+  return rule;
+}
+
+// cat and stack: every non-joined dim is shared; the joined dim stays whole; Partials of one op
+// join into that Partial.
+ShardingRuleFn joining(bool stacking) {
+  return [stacking](const std::vector<const Layout*>& inputs, const DimVector& args) {
+    const int64_t dim = args[0];
+    const int64_t nd = inputs.front()->ndim();
+    FactorRule rule;
+    rule.num_factors = static_cast<int>(nd);
+    std::vector<int> dims = identity_factors(nd);
+    if (!stacking) dims[static_cast<size_t>(dim)] = kNoFactor;
+    rule.inputs.assign(inputs.size(), dims);
+    rule.output = dims;
+    if (stacking) rule.output.insert(rule.output.begin() + dim, kNoFactor);
+    for (ReduceOp op : kAllOps) rule.linear.push_back({Placements(inputs.size(), Partial{op}), Partial{op}});
+    Shape out = factor_output_shape(rule, inputs, stacking ? "stack" : "cat");
+    if (stacking) {
+      out[dim] = static_cast<int64_t>(inputs.size());
+    } else {
+      out[dim] = 0;
+      for (const auto* in : inputs) out[dim] += in->global_shape()[dim];
+    }
+    std::vector<OpProposal> proposals;
+    for (const auto& s : expand_rows(factor_rows(rule), inputs.front()->mesh().ndim()))
+      proposals.push_back(factor_proposal(rule, inputs, s, out));
+    return proposals;
+  };
+}
+
+}  // namespace
+
+FactorRule elementwise_factor_rule(const std::vector<Shape>& shapes, Linearity linearity, int64_t scalar_slot,
+                                   std::string_view op) {
+  int64_t nd = 0;
+  for (const auto& s : shapes) nd = std::max(nd, s.size());
+  Shape out = Shape::filled(nd, 1);
+  for (const auto& s : shapes) {
+    for (int64_t d = 0; d < s.size(); ++d) {
+      int64_t& o = out[d + nd - s.size()];
+      TESSERA_CHECK(s[d] == o || s[d] == 1 || o == 1, ValueError, op, "shapes ", shapes_text(shapes),
+                    " do not broadcast");
+      if (o == 1) o = s[d];
+    }
+  }
+  FactorRule rule;
+  rule.num_factors = static_cast<int>(nd);
+  rule.output = identity_factors(nd);
+  for (const auto& s : shapes) {
+    std::vector<int> dims;
+    for (int64_t d = 0; d < s.size(); ++d) {
+      const int64_t j = d + nd - s.size();
+      dims.push_back(s[d] == out[j] ? static_cast<int>(j) : kNoFactor);
+    }
+    rule.inputs.push_back(std::move(dims));
+  }
+  rule.linear = linear_rows(linearity, shapes.size(), scalar_slot);
+  return rule;
+}
+
+FactorRule matmul_factor_rule(const Shape& a, const Shape& b, std::string_view op) {
+  TESSERA_CHECK(a.size() >= 1 && b.size() >= 1, ValueError, op, "operands of shapes ", a.to_string(), " and ",
+                b.to_string(), " must have at least one dim");
+  const int64_t ka = a[a.size() - 1], kb = b.size() == 1 ? b[0] : b[b.size() - 2];
+  TESSERA_CHECK(ka == kb, ValueError, op, "inner dims of ", a.to_string(), " and ", b.to_string(), " differ (", ka,
+                " vs ", kb, ")");
+  const int64_t a_batch = std::max<int64_t>(a.size() - 2, 0), b_batch = std::max<int64_t>(b.size() - 2, 0);
+  const int64_t nb = std::max(a_batch, b_batch);
+  Shape batch = Shape::filled(nb, 1);
+  const auto fold = [&](const Shape& s, int64_t count) {
+    for (int64_t d = 0; d < count; ++d) {
+      int64_t& o = batch[d + nb - count];
+      TESSERA_CHECK(s[d] == o || s[d] == 1 || o == 1, ValueError, op, "batch dims of ", a.to_string(), " and ",
+                    b.to_string(), " do not broadcast");
+      if (o == 1) o = s[d];
+    }
+  };
+  fold(a, a_batch);
+  fold(b, b_batch);
+  const int M = static_cast<int>(nb), K = M + 1, N = M + 2;
+  FactorRule rule;
+  rule.num_factors = N + 1;
+  const auto batch_dims = [&](const Shape& s, int64_t count) {
+    std::vector<int> dims;
+    for (int64_t d = 0; d < count; ++d) {
+      const int64_t j = d + nb - count;
+      dims.push_back(s[d] == batch[j] ? static_cast<int>(j) : kNoFactor);
+    }
+    return dims;
+  };
+  auto ad = batch_dims(a, a_batch), bd = batch_dims(b, b_batch);
+  rule.output = identity_factors(nb);
+  if (a.size() >= 2) {
+    ad.push_back(M);
+    rule.output.push_back(M);
+  }
+  ad.push_back(K);
+  bd.push_back(K);
+  if (b.size() >= 2) {
+    bd.push_back(N);
+    rule.output.push_back(N);
+  }
+  rule.inputs = {ad, bd};
+  for (ReduceOp op : kLinearOps) {
+    rule.linear.push_back({{Partial{op}, Replicate{}}, Partial{op}});
+    rule.linear.push_back({{Replicate{}, Partial{op}}, Partial{op}});
+  }
+  return rule;
+}
+
+void register_builtin_rules(RuleRegistry& registry) {
+  for (const char* op : {"add", "sub"}) registry.set(op, elementwise(Linearity::additive));
+  registry.set("mul", elementwise(Linearity::scaling));
+  registry.set("div", elementwise(Linearity::dividing));
+  registry.set("neg", elementwise(Linearity::negating));
+  registry.set("maximum", elementwise(Linearity::max_like));
+  registry.set("minimum", elementwise(Linearity::min_like));
+  registry.set("where", elementwise(Linearity::selecting));
+  for (const char* op : {"relu", "exp", "sigmoid", "tanh", "clamp"}) registry.set(op, elementwise(Linearity::monotone));
+  for (const char* op : {"pow", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
+                         "masked_fill", "abs", "sign", "log", "sqrt", "rsqrt", "sin", "cos", "gelu", "silu"})
+    registry.set(op, elementwise(Linearity::none));
+
+  registry.set("sum", reduction(ReductionKind::sum));
+  registry.set("mean", reduction(ReductionKind::mean));
+  registry.set("prod", reduction(ReductionKind::prod));
+  registry.set("amax", reduction(ReductionKind::amax));
+  registry.set("amin", reduction(ReductionKind::amin));
+  registry.set("var", reduction(ReductionKind::var));
+  registry.set("argmax", reduction(ReductionKind::arg));
+  registry.set("argmin", reduction(ReductionKind::arg));
+
+  const auto matmul = [](const std::vector<const Layout*>& in, const DimVector&) {
+    return matmul_factor_rule(in[0]->global_shape(), in[1]->global_shape(), "matmul");
+  };
+  registry.set("matmul", factor_rule_of(matmul, "matmul"));
+  registry.set("bmm", factor_rule_of(matmul, "bmm"));
+  // linear: x "...i", weight "oi", bias "o" (added into the output, so Partial with it).
+  registry.set("linear", factor_rule_of(
+                             [](const std::vector<const Layout*>& in, const DimVector&) {
+                               const int64_t nd = in[0]->ndim();
+                               const int I = static_cast<int>(nd - 1), O = static_cast<int>(nd);
+                               FactorRule rule;
+                               rule.num_factors = O + 1;
+                               rule.inputs.push_back(identity_factors(nd));
+                               rule.inputs.push_back({O, I});
+                               rule.output = identity_factors(nd - 1);
+                               rule.output.push_back(O);
+                               const bool bias = in.size() == 3;
+                               if (bias) rule.inputs.push_back({O});
+                               rule.additive = {false, false, bias};
+                               for (ReduceOp op : kLinearOps) {
+                                 const Placement P = Partial{op}, R = Replicate{};
+                                 rule.linear.push_back({bias ? Placements{P, R, P} : Placements{P, R}, P});
+                                 rule.linear.push_back({bias ? Placements{R, P, P} : Placements{R, P}, P});
+                               }
+                               return rule;
+                             },
+                             "linear"));
+
+  const auto along_dim = [](const std::vector<const Layout*>& in, const DimVector& args) {
+    FactorRule rule = normalization_rule(in, 0, 0);
+    rule.replicated[static_cast<size_t>(args[0])] = true;
+    return rule;
+  };
+  registry.set("softmax", factor_rule_of(along_dim, "softmax"));
+  registry.set("log_softmax", factor_rule_of(along_dim, "log_softmax"));
+  registry.set("layer_norm", factor_rule_of(
+                                 [](const std::vector<const Layout*>& in, const DimVector& args) {
+                                   return normalization_rule(in, args[0], in.size() - 1);
+                                 },
+                                 "layer_norm"));
+  registry.set("rms_norm", factor_rule_of(
+                               [](const std::vector<const Layout*>& in, const DimVector& args) {
+                                 return normalization_rule(in, args[0], in.size() - 1);
+                               },
+                               "rms_norm"));
+  // embedding: weight "vd", indices "i..." -> "i...d"; a sharded vocabulary v is contracted: each
+  // rank looks up the rows it holds and zeros the rest, a Partial(sum).
+  registry.set("embedding", factor_rule_of(
+                                [](const std::vector<const Layout*>& in, const DimVector&) {
+                                  const int64_t ni = in[1]->ndim();
+                                  const int V = static_cast<int>(ni), D = V + 1;
+                                  FactorRule rule;
+                                  rule.num_factors = D + 1;
+                                  rule.inputs = {{V, D}, identity_factors(ni)};
+                                  rule.output = identity_factors(ni);
+                                  rule.output.push_back(D);
+                                  rule.linear.push_back({{Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
+                                  return rule;
+                                },
+                                "embedding"));
+  // class_pick (cross_entropy's target logit): logits [N, C, d...] and target [N, d...] -> the
+  // logit of each target class; a sharded class dim gives a Partial(sum) (ranks pick what they hold).
+  registry.set("class_pick", factor_rule_of(
+                                 [](const std::vector<const Layout*>& in, const DimVector& args) {
+                                   const int64_t nd = in[0]->ndim(), c = args[0];
+                                   FactorRule rule;
+                                   rule.num_factors = static_cast<int>(nd);
+                                   rule.inputs.push_back(identity_factors(nd));
+                                   std::vector<int> rest;
+                                   for (int64_t d = 0; d < nd; ++d)
+                                     if (d != c) rest.push_back(static_cast<int>(d));
+                                   rule.inputs.push_back(rest);
+                                   rule.output = rest;
+                                   rule.linear.push_back(
+                                       {{Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
+                                   return rule;
+                                 },
+                                 "class_pick"));
+
+  registry.set("reshape", [](const std::vector<const Layout*>& in, const DimVector& args) {
+    return std::vector<OpProposal>{reshape_proposal(*in[0], Shape(args))};
+  });
+  registry.set("expand", [](const std::vector<const Layout*>& in, const DimVector& args) {
+    return std::vector<OpProposal>{expand_proposal(*in[0], Shape(args))};
+  });
+  registry.set("permute", [](const std::vector<const Layout*>& in, const DimVector& args) {
+    return std::vector<OpProposal>{permute_proposal(*in[0], args.vec())};
+  });
+  registry.set("narrow", [](const std::vector<const Layout*>& in, const DimVector& args) {
+    return std::vector<OpProposal>{narrow_proposal(*in[0], args[0], args[1], args[2])};
+  });
+  registry.set("cat", joining(false));
+  registry.set("stack", joining(true));
+}
+
+}  // namespace tessera

@@ -1,0 +1,95 @@
+// Rule tables without ranks: factor notation, rows, strategies and the cheapest proposal.
+#include <gtest/gtest.h>
+
+#include <tessera/sharding/op_rules.hpp>
+#include <tessera/sharding/view_rules.hpp>
+
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+
+namespace {
+
+const MeshSpec kLine(Shape{4}, {"x"});
+const MeshSpec kSquare(Shape{2, 2}, {"a", "b"});
+
+Layout on(const MeshSpec& mesh, const Shape& shape, Placements p) { return Layout(shape, DType::f32, mesh, p); }
+
+std::vector<std::string> rows_text(const FactorRule& rule) {
+  std::vector<std::string> out;
+  for (const auto& row : factor_rows(rule)) out.push_back(row.to_string());
+  return out;
+}
+
+// The output placements the registry's rule picks for these inputs.
+Placements chosen(const char* op, const std::vector<Layout>& inputs, const DimVector& args = {}) {
+  RuleRegistry registry;
+  register_builtin_rules(registry);
+  std::vector<const Layout*> pointers;
+  for (const auto& l : inputs) pointers.push_back(&l);
+  const auto proposals = (*registry.rule(registry.id(op)))(pointers, args);
+  return proposals[cheapest_proposal(proposals, pointers, planned_cost, op)].output.placements();
+}
+
+}  // namespace
+
+TEST(OpRules, FactorNotationRoundTripsAndExpandsToMatmulRows) {
+  const FactorRule mm = FactorRule::parse("mk,kn->mn");
+  EXPECT_EQ(mm.to_string(), "ab,bc->ac");
+  EXPECT_EQ(rows_text(mm), (std::vector<std::string>{"(R, R) -> R", "(S(0), R) -> S(0)", "(S(1), S(0)) -> P(sum)",
+                                                      "(R, S(1)) -> S(1)"}));
+  EXPECT_EQ(expand_rows(factor_rows(mm), 2).size(), 16u);
+  EXPECT_EQ(expand_rows(factor_rows(mm), 2).front().to_string(), "[(R, R), (R, R)] -> (R, R)");
+  EXPECT_TRUE(throws_with<ValueError>([] { (void)FactorRule::parse("ab,bc->ad"); }, {"[FactorRule::parse]", "'d'"}));
+  EXPECT_TRUE(throws_with<ValueError>([] { (void)FactorRule::parse("aa->a"); }, {"repeats factor 'a'"}));
+}
+
+TEST(OpRules, ElementwiseBroadcastAndLinearity) {
+  const FactorRule add = elementwise_factor_rule({{4, 3}, {3}}, Linearity::additive, kNoScalar, "add");
+  EXPECT_EQ(add.to_string(), "ab,b->ab");
+  EXPECT_EQ(factor_rows(add).back().to_string(), "(P(avg), P(avg)) -> P(avg)");
+  const FactorRule bcast = elementwise_factor_rule({{4, 1}, {4, 3}}, Linearity::none, kNoScalar, "mul");
+  EXPECT_EQ(bcast.to_string(), "a1,ab->ab");
+  // A scalar beside a Partial: add has no Partial row, mul keeps it.
+  EXPECT_EQ(factor_rows(elementwise_factor_rule({{4}}, Linearity::additive, kScalarRight, "add")).size(), 2u);
+  EXPECT_EQ(factor_rows(elementwise_factor_rule({{4}}, Linearity::scaling, kScalarRight, "mul")).back().to_string(),
+            "(P(avg)) -> P(avg)");
+  EXPECT_TRUE(throws_with<ValueError>(
+      [] { (void)elementwise_factor_rule({{4, 3}, {5}}, Linearity::none, kNoScalar, "add"); }, {"[add]", "[4, 3], [5]"}));
+}
+
+TEST(OpRules, CheapestStrategies) {
+  EXPECT_EQ(chosen("matmul", {on(kLine, {8, 6}, {Shard{0}}), on(kLine, {6, 4}, {Replicate{}})}), (Placements{Shard{0}}));
+  EXPECT_EQ(chosen("matmul", {on(kLine, {8, 6}, {Shard{1}}), on(kLine, {6, 4}, {Shard{0}})}), (Placements{Partial{}}));
+  EXPECT_EQ(chosen("matmul", {on(kSquare, {8, 6}, {Shard{0}, Shard{1}}), on(kSquare, {6, 4}, {Replicate{}, Shard{0}})}),
+            (Placements{Shard{0}, Partial{}}));
+  EXPECT_EQ(chosen("sum", {on(kLine, {8, 6}, {Shard{0}})}, {0, 0}), (Placements{Partial{}}));
+  EXPECT_EQ(chosen("amax", {on(kLine, {8, 6}, {Shard{1}})}, {0, 1}), (Placements{Partial{ReduceOp::max}}));
+  EXPECT_EQ(chosen("mean", {on(kLine, {8, 6}, {Shard{0}})}, {0, 0}), (Placements{Partial{ReduceOp::avg}}));
+  EXPECT_EQ(chosen("mean", {on(kLine, {7, 6}, {Shard{0}})}, {0, 0}), (Placements{Partial{}}));  // uneven
+  EXPECT_EQ(chosen("softmax", {on(kLine, {8, 6}, {Shard{0}})}, {1}), (Placements{Shard{0}}));
+  EXPECT_EQ(chosen("softmax", {on(kLine, {8, 6}, {Shard{1}})}, {1}), (Placements{Shard{0}}));  // all_to_all beats a gather
+  EXPECT_EQ(chosen("embedding", {on(kLine, {16, 4}, {Shard{0}}), Layout({3}, DType::i64, kLine, {Replicate{}})}),
+            (Placements{Partial{}}));
+  EXPECT_EQ(chosen("embedding", {on(kLine, {16, 4}, {Shard{1}}), Layout({3}, DType::i64, kLine, {Replicate{}})}),
+            (Placements{Shard{1}}));
+  // The bias of a contracted linear joins the Partial output.
+  EXPECT_EQ(chosen("linear", {on(kLine, {5, 8}, {Shard{1}}), on(kLine, {3, 8}, {Shard{1}}), on(kLine, {3}, {Replicate{}})}, {1}),
+            (Placements{Partial{}}));
+}
+
+TEST(ViewRules, ReshapeKeepsShardingWhereItMapsCleanly) {
+  const OpProposal flat = reshape_proposal(on(kLine, {6, 4}, {Shard{0}}), {24});
+  EXPECT_EQ(flat.output.placements(), (Placements{Shard{0}}));
+  EXPECT_EQ(flat.output.piece_sizes(0), (std::vector<int64_t>{8, 8, 8, 0}));  // rows [2,2,2,0] x 4
+  const OpProposal split = reshape_proposal(on(kLine, {8}, {Shard{0}}), {2, 4});
+  EXPECT_EQ(split.inputs[0].placements(), (Placements{Replicate{}}));  // pieces of 2 are not whole rows of 4
+  EXPECT_EQ(reshape_proposal(on(kLine, {16}, {Shard{0}}), {4, 4}).output.placements(), (Placements{Shard{0}}));
+  EXPECT_EQ(reshape_proposal(on(kLine, {4, 6}, {Shard{1}}), {24}).inputs[0].placements(), (Placements{Replicate{}}));
+  const OpProposal narrowed = narrow_proposal(on(kLine, {8, 3}, {Shard{0}}), 0, 1, 4);
+  EXPECT_EQ(narrowed.output.piece_sizes(0), (std::vector<int64_t>{1, 2, 1, 0}));
+  EXPECT_EQ(permute_proposal(on(kSquare, {2, 3, 4}, {Shard{2}, Shard{0}}), {2, 0, 1}).output.placements(),
+            (Placements{Shard{0}, Shard{1}}));
+  EXPECT_EQ(expand_proposal(on(kLine, {4, 1}, {Shard{1}}), {2, 4, 3}).inputs[0].placements(), (Placements{Replicate{}}));
+}
