@@ -27,8 +27,8 @@ void register_sharding(const std::string& op, ShardingRowsFn rows, OutputShapeFn
 
 /// Runs `kernel` on the shards of `inputs` under the registered rule of `op`: the cheapest row
 /// combination is chosen, inputs are redistributed, the kernel's result wrapped. Throws
-/// ShardingError naming the op when it has no rule, or InternalError-free ShardingError when the
-/// kernel returns a local that is not its block of the rule's output.
+/// ShardingError naming the op when it has no rule, or when the kernel returns a local that is
+/// not this rank's block of the rule's output.
 DTensor call_sharded(const std::string& op, const std::vector<DTensor>& inputs,
                      const std::function<Tensor(const std::vector<Tensor>&)>& kernel);
 
