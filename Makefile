@@ -103,8 +103,8 @@ sanitize: deps
 	@norandom=; \
 	if [ "$(findstring thread,$(TESSERA_SANITIZE))" = thread ] && setarch "$$(uname -m)" -R true 2>/dev/null; then \
 	  norandom="setarch $$(uname -m) -R"; fi; \
-	echo "TESSERA_TEST_SAMPLE=48 $$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)"; \
-	TESSERA_TEST_SAMPLE=48 $$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
+	echo "TESSERA_TEST_SAMPLE=8 $$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)"; \
+	TESSERA_TEST_SAMPLE=8 $$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
 
 install: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target tessera

@@ -144,9 +144,33 @@ const void* Tensor::raw_data() const {
   return static_cast<const char*>(storage_->data()) + offset_ * itemsize();
 }
 
+namespace {
+
+// Records `out`, a view or copy of `in`, when `in` requires a gradient; `backward` maps out's
+// gradient to in's.
+template <class Backward>
+Tensor recorded(const char* op, Tensor out, const Tensor& in, Backward backward) {
+  if (autograd::needs_grad<Tensor>({&in}))
+    autograd::record<Tensor>(
+        op, out, {&in}, [backward = std::move(backward)](const Tensor& g) { return std::vector<Tensor>{backward(g)}; });
+  return out;
+}
+
+// The gradient of a narrowed/selected view: zeros with `grad` written into the viewed region.
+template <class Region>
+Tensor scattered(const Tensor& grad, const Shape& shape, Region region) {
+  Tensor out = zeros(shape, grad.dtype());
+  region(out).copy_(grad);
+  return out;
+}
+
+}  // namespace
+
 Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t offset) const {
   check_defined("as_strided");
   check_view(storage_.get(), shape, strides, offset, dtype_, "as_strided");  // so errors name as_strided
+  TESSERA_CHECK(!autograd::needs_grad<Tensor>({this}), ValueError, "as_strided",
+                "not differentiable; the tensor of shape ", shape_.to_string(), " requires a gradient");
   return Tensor(storage_, shape, strides, offset, dtype_);
 }
 
@@ -157,15 +181,17 @@ Tensor Tensor::view(const Shape& requested) const {
   TESSERA_CHECK(view_strides(shape_, strides_, shape, strides), ValueError, "view", "cannot view shape ",
                 shape_.to_string(), " with strides ", strides_.to_string(), " as ", shape.to_string(),
                 " without a copy; use reshape");
-  return Tensor(storage_, shape, strides, offset_, dtype_);
+  return recorded("view", Tensor(storage_, shape, strides, offset_, dtype_), *this,
+                  [in = shape_](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::reshape(const Shape& requested) const {
   check_defined("reshape");
   const Shape shape = infer_shape(requested, numel(), shape_, "reshape");
   Strides strides;
-  if (view_strides(shape_, strides_, shape, strides)) return Tensor(storage_, shape, strides, offset_, dtype_);
-  return clone().view(shape);
+  const Tensor out = view_strides(shape_, strides_, shape, strides) ? Tensor(storage_, shape, strides, offset_, dtype_)
+                                                                    : detach().clone().view(shape);
+  return recorded("reshape", out, *this, [in = shape_](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
@@ -177,7 +203,8 @@ Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
   Strides strides = strides_;
   std::swap(shape[a], shape[b]);
   std::swap(strides[a], strides[b]);
-  return Tensor(storage_, shape, strides, offset_, dtype_);
+  return recorded("transpose", Tensor(storage_, shape, strides, offset_, dtype_), *this,
+                  [a, b](const Tensor& g) { return g.transpose(a, b); });
 }
 
 Tensor Tensor::t() const {
@@ -192,16 +219,19 @@ Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
                 " dims for shape ", shape_.to_string(), "; expected ", ndim());
   Shape shape = Shape::filled(ndim(), 0);
   Strides strides = Strides::filled(ndim(), 0);
+  std::vector<int64_t> inverse(static_cast<size_t>(ndim()), 0);
   std::vector<bool> seen(static_cast<size_t>(ndim()), false);
   for (int64_t i = 0; i < ndim(); ++i) {
     const int64_t d = normalize_dim(dims[static_cast<size_t>(i)], ndim(), "permute", shape_);
     TESSERA_CHECK(!seen[static_cast<size_t>(d)], ValueError, "permute", "dim ", d, " repeated in permutation of shape ",
                   shape_.to_string());
     seen[static_cast<size_t>(d)] = true;
+    inverse[static_cast<size_t>(d)] = i;
     shape[i] = shape_[d];
     strides[i] = strides_[d];
   }
-  return Tensor(storage_, shape, strides, offset_, dtype_);
+  return recorded("permute", Tensor(storage_, shape, strides, offset_, dtype_), *this,
+                  [inverse](const Tensor& g) { return g.permute(inverse); });
 }
 
 Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
@@ -213,7 +243,10 @@ Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
                 start + length, ") out of bounds for dim ", d, " of shape ", shape_.to_string());
   Shape shape = shape_;
   shape[d] = length;
-  return Tensor(storage_, shape, strides_, offset_ + (length > 0 ? start * strides_[d] : 0), dtype_);
+  return recorded("narrow", Tensor(storage_, shape, strides_, offset_ + (length > 0 ? start * strides_[d] : 0), dtype_),
+                  *this, [in = shape_, d, start, length](const Tensor& g) {
+                    return scattered(g, in, [&](const Tensor& z) { return z.narrow(d, start, length); });
+                  });
 }
 
 Tensor Tensor::select(int64_t dim, int64_t index) const {
@@ -227,7 +260,10 @@ Tensor Tensor::select(int64_t dim, int64_t index) const {
   Strides strides = strides_;
   shape.erase(d);
   strides.erase(d);
-  return Tensor(storage_, shape, strides, offset_ + i * strides_[d], dtype_);
+  return recorded("select", Tensor(storage_, shape, strides, offset_ + i * strides_[d], dtype_), *this,
+                  [in = shape_, d, i](const Tensor& g) {
+                    return scattered(g, in, [&](const Tensor& z) { return z.select(d, i); });
+                  });
 }
 
 Tensor Tensor::unsqueeze(int64_t dim) const {
@@ -238,7 +274,8 @@ Tensor Tensor::unsqueeze(int64_t dim) const {
   const int64_t stride = d < ndim() ? shape_[d] * strides_[d] : 1;
   shape.insert(d, 1);
   strides.insert(d, stride);
-  return Tensor(storage_, shape, strides, offset_, dtype_);
+  return recorded("unsqueeze", Tensor(storage_, shape, strides, offset_, dtype_), *this,
+                  [in = shape_](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::squeeze() const {
@@ -250,7 +287,8 @@ Tensor Tensor::squeeze() const {
     shape.push_back(shape_[d]);
     strides.push_back(strides_[d]);
   }
-  return Tensor(storage_, shape, strides, offset_, dtype_);
+  return recorded("squeeze", Tensor(storage_, shape, strides, offset_, dtype_), *this,
+                  [in = shape_](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::squeeze(int64_t dim) const {
@@ -261,7 +299,8 @@ Tensor Tensor::squeeze(int64_t dim) const {
   Strides strides = strides_;
   shape.erase(d);
   strides.erase(d);
-  return Tensor(storage_, shape, strides, offset_, dtype_);
+  return recorded("squeeze", Tensor(storage_, shape, strides, offset_, dtype_), *this,
+                  [in = shape_](const Tensor& g) { return g.reshape(in); });
 }
 
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
@@ -308,7 +347,8 @@ Tensor Tensor::expand(const Shape& requested) const {
       strides[i] = 0;
     }
   }
-  return Tensor(storage_, shape, strides, offset_, dtype_);
+  return recorded("expand", Tensor(storage_, shape, strides, offset_, dtype_), *this,
+                  [in = shape_](const Tensor& g) { return autograd::GradOps<Tensor>::sum_to(g, in); });
 }
 
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out << tensor.to_string(); }

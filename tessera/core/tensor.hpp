@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/autograd.hpp>
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/core/scalar.hpp>
@@ -115,6 +116,33 @@ class Tensor {
   /// Readable text: `tensor([[1, 2], [3, 4]], dtype=f32)`; large tensors are summarised.
   std::string to_string() const;
 
+  // --- autograd (core/autograd.hpp) ----------------------------------------------------------
+  // State lives in a Meta shared by copies of the handle made after requires_grad_(). Every op
+  // and view on a tensor that requires a gradient records itself while grad mode is on.
+  /// Whether gradients flow to this tensor (a leaf marked by requires_grad_, or an op's result).
+  bool requires_grad() const { return autograd_ && autograd_->requires_grad; }
+  /// Marks a leaf to accumulate a gradient in grad(). Throws ValueError for a non-floating dtype
+  /// or (with false) for a tensor that is the result of a recorded op.
+  Tensor& requires_grad_(bool on = true);
+  /// True unless this tensor is the result of a recorded op.
+  bool is_leaf() const { return !autograd_ || !autograd_->grad_fn; }
+  /// The gradient accumulated by backward() on a leaf; undefined before the first backward.
+  Tensor grad() const;
+  /// Replaces a leaf's gradient (undefined clears it, like PyTorch's `x.grad = None`).
+  void set_grad(const Tensor& grad);
+  /// Backpropagates from this tensor with `grad` (default: 1, for a one-element tensor), adding
+  /// into the grad() of every leaf it depends on. Throws ValueError if this tensor does not require
+  /// a gradient, or grad is missing for a tensor with more than one element or has another shape.
+  void backward() const;
+  void backward(const Tensor& grad) const;
+  /// The same data with no autograd history (never requires a gradient).
+  Tensor detach() const;
+  /// The recorded op that produced this tensor ("add", "matmul", ...), or "" for a leaf.
+  std::string grad_fn_name() const;
+  /// Internal: the autograd state (null when none), for the recording helpers.
+  const std::shared_ptr<autograd::Meta>& autograd_meta() const { return autograd_; }
+  void set_autograd_meta(std::shared_ptr<autograd::Meta> meta) { autograd_ = std::move(meta); }
+
  private:
   void check_dtype(DType expected, const char* op) const;
   void check_defined(const char* op) const;
@@ -124,7 +152,18 @@ class Tensor {
   Strides strides_;
   int64_t offset_ = 0;
   DType dtype_ = DType::f32;
+  std::shared_ptr<autograd::Meta> autograd_;
 };
+
+namespace autograd {
+/// Gradient arithmetic on Tensor, defined by the ops layer (ops/elementwise.cpp, ops/reduce.cpp).
+template <>
+struct GradOps<Tensor> {
+  static Tensor add(const Tensor& a, const Tensor& b);
+  /// Sums a broadcast gradient back to `shape` (the adjoint of expand).
+  static Tensor sum_to(const Tensor& grad, const Shape& shape);
+};
+}  // namespace autograd
 
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 

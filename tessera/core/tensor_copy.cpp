@@ -53,8 +53,18 @@ bool partially_overlaps(const Tensor& dst, const Tensor& src) {
 
 }  // namespace
 
+namespace {
+
+void check_not_differentiable_target(const Tensor& t, const char* op) {
+  TESSERA_CHECK(!autograd::needs_grad<Tensor>({&t}), ValueError, op, "in-place write into a tensor of shape ",
+                t.shape().to_string(), " that requires a gradient; do it under autograd::NoGradGuard or on detach()");
+}
+
+}  // namespace
+
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
+  check_not_differentiable_target(*this, "copy_");
   TESSERA_CHECK(src.defined(), ValueError, "copy_", "source tensor is undefined");
   TESSERA_CHECK(!has_internal_overlap(*this), ValueError, "copy_", "destination of shape ", shape_.to_string(),
                 " with strides ", strides_.to_string(), " has elements that share memory (expanded); clone it first");
@@ -78,6 +88,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 
 Tensor& Tensor::fill_(Scalar value) {
   check_defined("fill_");
+  check_not_differentiable_target(*this, "fill_");
   visit(dtype_, [&]<class T>(TypeTag<T>) {
     const T v = value.to<T>();
     const Tensor source = Tensor(Storage::allocate(sizeof(T)), {}, {}, 0, dtype_);
@@ -96,6 +107,8 @@ Tensor Tensor::clone() const {
   check_defined("clone");
   Tensor out = empty(shape_, dtype_);
   out.copy_(*this);
+  if (autograd::needs_grad<Tensor>({this}))
+    autograd::record<Tensor>("clone", out, {this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
   return out;
 }
 
@@ -104,6 +117,9 @@ Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return *this;
   Tensor out = empty(shape_, dtype);
   out.copy_(*this);
+  if (is_floating(dtype) && autograd::needs_grad<Tensor>({this}))
+    autograd::record<Tensor>("to", out, {this},
+                             [from = dtype_](const Tensor& g) { return std::vector<Tensor>{g.to(from)}; });
   return out;
 }
 

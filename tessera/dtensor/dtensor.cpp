@@ -129,6 +129,17 @@ DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout)
                 "DTensor", "rank ", rank(), "'s local ",
                 local_.defined() ? local_.shape().to_string() + " " + std::string(name(local_.dtype())) : "(undefined)",
                 " is not its block ", block.to_string(), " ", name(layout_->dtype()), " of ", layout_->to_string());
+  // A local that requires a gradient: the DTensor holds it detached and records the bridge, whose
+  // backward hands the local its piece of the DTensor's gradient.
+  if (autograd::needs_grad<Tensor>({&local_})) {
+    const Tensor source = local_;
+    local_ = local_.detach();
+    autograd::record<DTensor, Tensor>("from_local", *this, {&source},
+                                      [mesh = mesh_, target = gradient_layout(*layout_)](const DTensor& g) {
+                                        const DTensor moved = g.layout() == target ? g : g.redistribute(mesh, target);
+                                        return std::vector<Tensor>{moved.to_local()};
+                                      });
+  }
 }
 
 DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Placement> placements,
@@ -178,10 +189,36 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Pl
   return DTensor(std::move(local), mesh, layout);
 }
 
-Tensor DTensor::full_tensor() const {
+Tensor DTensor::full_tensor() const { return full_tensor(Placements(static_cast<size_t>(mesh_.ndim()), Replicate{})); }
+
+Tensor DTensor::full_tensor(std::vector<Placement> grad_placements) const {
   TESSERA_CHECK(mesh_.is_member(), ShardingError, "DTensor::full_tensor", "world rank ", rank(), " is not in ",
                 mesh_.to_string(), " holding ", layout_->to_string());
-  return redistribute(Placements(static_cast<size_t>(mesh_.ndim()), Replicate{})).to_local();
+  for (const auto& p : grad_placements)
+    TESSERA_CHECK(!is_shard(p), ShardingError, "DTensor::full_tensor", "grad_placements ",
+                  tessera::to_string(grad_placements),
+                  " must be Replicate or Partial: the gradient of a full tensor is whole on every rank");
+  return redistribute(Placements(static_cast<size_t>(mesh_.ndim()), Replicate{})).to_local(std::move(grad_placements));
+}
+
+Tensor DTensor::to_local() const {
+  if (!autograd::needs_grad<DTensor>({this})) return local_;
+  return to_local(layout_->placements());
+}
+
+Tensor DTensor::to_local(std::vector<Placement> grad_placements) const {
+  Tensor out = local_;
+  if (!autograd::needs_grad<DTensor>({this})) return out;
+  grad_placements = normalized(std::move(grad_placements), ndim());
+  TESSERA_CHECK(static_cast<int64_t>(grad_placements.size()) == mesh_.ndim(), ShardingError, "DTensor::to_local",
+                "grad_placements ", tessera::to_string(grad_placements), " has ", grad_placements.size(),
+                " placements for ", layout_->to_string());
+  const Layout grad_layout =
+      grad_placements == layout_->placements() ? *layout_ : layout_->with_placements(std::move(grad_placements));
+  autograd::record<Tensor, DTensor>("to_local", out, {this}, [mesh = mesh_, grad_layout](const Tensor& g) {
+    return std::vector<DTensor>{DTensor(g, mesh, grad_layout)};
+  });
+  return out;
 }
 
 DTensor DTensor::redistribute(std::vector<Placement> placements) const {
@@ -202,9 +239,19 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> pla
 DTensor DTensor::redistribute(const DeviceMesh& mesh, const Layout& layout) const {
   TESSERA_CHECK(mesh.spec() == layout.mesh(), ShardingError, "DTensor::redistribute", "layout ", layout.to_string(),
                 " is not on ", mesh.to_string());
-  if (layout == *layout_) return DTensor(local_, mesh, layout);
+  if (layout == *layout_) {
+    DTensor same(local_, mesh, layout);
+    same.autograd_ = autograd_;
+    return same;
+  }
   const auto p = cached_plan(*layout_, layout);
-  return DTensor(detail::run_plan(*p, local_, mesh_, mesh), mesh, layout);
+  DTensor out(detail::run_plan(*p, local_, mesh_, mesh), mesh, layout);
+  if (autograd::needs_grad<DTensor>({this}))
+    autograd::record<DTensor>("redistribute", out, {this},
+                              [mesh = mesh_, source = gradient_layout(*layout_)](const DTensor& g) {
+                                return std::vector<DTensor>{g.layout() == source ? g : g.redistribute(mesh, source)};
+                              });
+  return out;
 }
 
 std::string DTensor::to_string() const { return "DTensor(" + layout_->to_string() + ")"; }

@@ -54,10 +54,16 @@ class DTensor {
                             FromLocalOptions options = {});
 
   bool defined() const { return local_.defined(); }
-  /// This rank's block (shares storage). An empty tensor on a rank outside the mesh.
-  Tensor to_local() const { return local_; }
-  /// The whole tensor on every rank (all-gathers / reduces as needed). Communicates.
+  /// This rank's block (shares storage). An empty tensor on a rank outside the mesh. Under
+  /// autograd the local's gradient becomes this DTensor's with the same layout, or with
+  /// `grad_placements` (e.g. Partial when each rank's local computation differs), as in DTensor.
+  Tensor to_local() const;
+  Tensor to_local(std::vector<Placement> grad_placements) const;
+  /// The whole tensor on every rank (all-gathers / reduces as needed). Communicates. Under
+  /// autograd each rank's gradient of the full tensor counts as `grad_placements` (default
+  /// Replicate: every rank computes the same thing; Partial(sum): their gradients add up).
   Tensor full_tensor() const;
+  Tensor full_tensor(std::vector<Placement> grad_placements) const;
   /// The same tensor with other placements (shard orders and explicit sizes kept where they
   /// still apply). Communicates. Throws ShardingError for a Partial destination, P(op) ->
   /// P(other op), or a placement count that does not match the mesh.
@@ -88,11 +94,38 @@ class DTensor {
   /// "DTensor([8, 6] f32 on mesh[dp=2, tp=2] as (S(0), R))".
   std::string to_string() const;
 
+  // --- autograd (as on Tensor; core/autograd.hpp) -------------------------------------------
+  // A leaf's gradient has the leaf's layout with Partial replaced by Replicate: a Replicate
+  // parameter's gradient is all-reduced (data parallel), a Shard one's reduce-scattered (FSDP).
+  // Redistributions are recorded; the adjoint of a redistribution moves the gradient back to the
+  // source layout (Shard->Replicate <-> reduce_scatter, Replicate->Shard <-> all_gather,
+  // Partial->Replicate <-> identity into Replicate).
+  bool requires_grad() const { return autograd_ && autograd_->requires_grad; }
+  /// Marks a leaf (every rank of the mesh calls it). Throws ShardingError for non-floating dtypes.
+  DTensor& requires_grad_(bool on = true);
+  bool is_leaf() const { return !autograd_ || !autograd_->grad_fn; }
+  /// The accumulated gradient of a leaf (undefined before the first backward).
+  DTensor grad() const;
+  /// Replaces a leaf's gradient (undefined clears it).
+  void set_grad(const DTensor& grad);
+  /// Backpropagates from this DTensor (every rank calls it; collectives run inside). Without a
+  /// gradient the DTensor must have one element: its gradient is 1.
+  void backward() const;
+  void backward(const DTensor& grad) const;
+  /// The same DTensor with no autograd history.
+  DTensor detach() const;
+  /// The recorded op that produced this DTensor, or "" for a leaf.
+  std::string grad_fn_name() const;
+  /// Internal: the autograd state, for the recording helpers.
+  const std::shared_ptr<autograd::Meta>& autograd_meta() const { return autograd_; }
+  void set_autograd_meta(std::shared_ptr<autograd::Meta> meta) { autograd_ = std::move(meta); }
+
  private:
   Tensor local_;
   DeviceMesh mesh_{};
   // Shared so that copies and dispatch outputs cost a reference count, not a layout copy.
   std::shared_ptr<const Layout> layout_ = empty_layout();
+  std::shared_ptr<autograd::Meta> autograd_;
   static const std::shared_ptr<const Layout>& empty_layout() {
     static const auto empty = std::make_shared<const Layout>();
     return empty;
@@ -103,9 +136,22 @@ class DTensor {
   friend struct detail::DTensorAccess;
 };
 
+namespace autograd {
+/// Gradient arithmetic on DTensor (dtensor/dtensor_autograd.cpp).
+template <>
+struct GradOps<DTensor> {
+  static DTensor add(const DTensor& a, const DTensor& b);
+};
+}  // namespace autograd
+
+/// The layout a gradient of `layout` takes: Partial mesh dims become Replicate (the gradient of
+/// a Partial value is the gradient of its reduced value, on every rank).
+Layout gradient_layout(const Layout& layout);
+
 /// Splits a global tensor that every rank holds; the data of each block comes from the first rank
 /// of the mesh (coordinate 0 on every mesh dim), as in DTensor. Communicates. Throws
-/// ShardingError for Partial placements.
+/// ShardingError for Partial placements. The result is a leaf that requires a gradient when
+/// `global` does (as in PyTorch).
 DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vector<Placement> placements);
 
 /// Factories: each rank builds only its block (no communication). Partial placements are an error.

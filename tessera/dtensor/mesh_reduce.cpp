@@ -73,6 +73,8 @@ DTensor reduction_move(const Tensor& local, const DeviceMesh& mesh, const Layout
 }  // namespace
 
 DTensor DTensor::reduce(const std::vector<std::string>& dims, MeshReduction reduction, bool scatter) const {
+  TESSERA_CHECK(!autograd::needs_grad<DTensor>({this}), ShardingError, "DTensor::reduce",
+                "mesh reductions are not differentiable; ", to_string(), " requires a gradient (use detach())");
   const std::string op = "DTensor::reduce(" + std::string(reduction_name(reduction)) + (scatter ? ", scatter)" : ")");
   const auto mdims = mesh_dims_of(*this, dims, op.c_str());
   const Placements& now = placements();

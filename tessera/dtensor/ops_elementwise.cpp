@@ -4,6 +4,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 
 namespace tessera {
@@ -49,41 +50,59 @@ namespace {
 
 int64_t kind(const Scalar& s) { return static_cast<int64_t>(s.kind()); }
 
+// Which derivative a scalar form has (derivatives::ScalarOp, shifted by one for `none`).
+enum class ScalarGrad { none, add, sub, rsub, mul, div, rdiv, pow, rpow, maximum, minimum };
+
+void record_scalar(const char* name, DTensor& out, const DTensor& x, Scalar s, ScalarGrad grad) {
+  if (grad == ScalarGrad::none) return;
+  derivatives::record_scalar(name, out, x, s, static_cast<derivatives::ScalarOp>(static_cast<int>(grad) - 1));
+}
+
 }  // namespace
 
 // scalar_left: the Tensor expression for `a op x` (some Tensor ops only take the scalar right).
-#define TESSERA_DTENSOR_BINARY(name, scalar_left)                                                         \
-  DTensor name(const DTensor& a, const DTensor& b) {                                                     \
-    static const int id = op_id(#name);                                                                   \
-    return call_op(id, {&a, &b}, DimVector{kNoScalar}, [](Locals l) { return name(l[0], l[1]); });        \
-  }                                                                                                       \
-  DTensor name(const DTensor& x, Scalar b) {                                                             \
-    static const int id = op_id(#name);                                                                   \
-    return call_op(id, {&x}, DimVector{kScalarRight, kind(b)}, [&](Locals l) { return name(l[0], b); }); \
-  }                                                                                                       \
-  DTensor name(Scalar a, const DTensor& x) {                                                             \
-    static const int id = op_id(#name);                                                                   \
-    return call_op(id, {&x}, DimVector{kScalarLeft, kind(a)}, [&](Locals l) {                            \
-      const Tensor& t = l[0];                                                                             \
-      return scalar_left;                                                                                 \
-    });                                                                                                   \
-  }                                                                                                       \
-  DTensor name(const DTensor& a, const Tensor& b) { return name(a, detail::replicated_operand(b, a, #name)); } \
+// record(out, a, b) records the two-DTensor form; right/left: the ScalarOp of x op s / s op x
+// (none: not differentiable, e.g. comparisons).
+#define TESSERA_DTENSOR_BINARY(name, scalar_left, record, right, left)                                          \
+  DTensor name(const DTensor& a, const DTensor& b) {                                                            \
+    static const int id = op_id(#name);                                                                         \
+    DTensor out = call_op(id, {&a, &b}, DimVector{kNoScalar}, [](Locals l) { return name(l[0], l[1]); });       \
+    record;                                                                                                     \
+    return out;                                                                                                 \
+  }                                                                                                             \
+  DTensor name(const DTensor& x, Scalar b) {                                                                    \
+    static const int id = op_id(#name);                                                                         \
+    DTensor out = call_op(id, {&x}, DimVector{kScalarRight, kind(b)}, [&](Locals l) { return name(l[0], b); }); \
+    record_scalar(#name, out, x, b, ScalarGrad::right);                                                         \
+    return out;                                                                                                 \
+  }                                                                                                             \
+  DTensor name(Scalar a, const DTensor& x) {                                                                    \
+    static const int id = op_id(#name);                                                                         \
+    DTensor out = call_op(id, {&x}, DimVector{kScalarLeft, kind(a)}, [&](Locals l) {                            \
+      const Tensor& t = l[0];                                                                                   \
+      return scalar_left;                                                                                       \
+    });                                                                                                         \
+    record_scalar(#name, out, x, a, ScalarGrad::left);                                                          \
+    return out;                                                                                                 \
+  }                                                                                                             \
+  DTensor name(const DTensor& a, const Tensor& b) { return name(a, detail::replicated_operand(b, a, #name)); }  \
   DTensor name(const Tensor& a, const DTensor& b) { return name(detail::replicated_operand(a, b, #name), b); }
 
-TESSERA_DTENSOR_BINARY(add, add(a, t))
-TESSERA_DTENSOR_BINARY(sub, sub(a, t))
-TESSERA_DTENSOR_BINARY(mul, mul(a, t))
-TESSERA_DTENSOR_BINARY(div, div(a, t))
-TESSERA_DTENSOR_BINARY(pow, pow(a, t))
-TESSERA_DTENSOR_BINARY(maximum, maximum(t, a))
-TESSERA_DTENSOR_BINARY(minimum, minimum(t, a))
-TESSERA_DTENSOR_BINARY(eq, eq(t, a))
-TESSERA_DTENSOR_BINARY(ne, ne(t, a))
-TESSERA_DTENSOR_BINARY(lt, gt(t, a))
-TESSERA_DTENSOR_BINARY(le, ge(t, a))
-TESSERA_DTENSOR_BINARY(gt, lt(t, a))
-TESSERA_DTENSOR_BINARY(ge, le(t, a))
+TESSERA_DTENSOR_BINARY(add, add(a, t), derivatives::record_add(out, a, b), add, add)
+TESSERA_DTENSOR_BINARY(sub, sub(a, t), derivatives::record_sub(out, a, b), sub, rsub)
+TESSERA_DTENSOR_BINARY(mul, mul(a, t), derivatives::record_mul(out, a, b), mul, mul)
+TESSERA_DTENSOR_BINARY(div, div(a, t), derivatives::record_div(out, a, b), div, rdiv)
+TESSERA_DTENSOR_BINARY(pow, pow(a, t), derivatives::record_pow(out, a, b), pow, rpow)
+TESSERA_DTENSOR_BINARY(maximum, maximum(t, a), derivatives::record_extremum("maximum", out, a, b, true), maximum,
+                       maximum)
+TESSERA_DTENSOR_BINARY(minimum, minimum(t, a), derivatives::record_extremum("minimum", out, a, b, false), minimum,
+                       minimum)
+TESSERA_DTENSOR_BINARY(eq, eq(t, a), (void)0, none, none)
+TESSERA_DTENSOR_BINARY(ne, ne(t, a), (void)0, none, none)
+TESSERA_DTENSOR_BINARY(lt, gt(t, a), (void)0, none, none)
+TESSERA_DTENSOR_BINARY(le, ge(t, a), (void)0, none, none)
+TESSERA_DTENSOR_BINARY(gt, lt(t, a), (void)0, none, none)
+TESSERA_DTENSOR_BINARY(ge, le(t, a), (void)0, none, none)
 #undef TESSERA_DTENSOR_BINARY
 
 DTensor logical_and(const DTensor& a, const DTensor& b) {
@@ -109,10 +128,12 @@ DTensor operator/(const DTensor& a, Scalar b) { return div(a, b); }
 DTensor operator/(Scalar a, const DTensor& b) { return div(a, b); }
 DTensor operator-(const DTensor& x) { return neg(x); }
 
-#define TESSERA_DTENSOR_UNARY(name)                                                              \
+#define TESSERA_DTENSOR_UNARY(name)                                                             \
   DTensor name(const DTensor& x) {                                                              \
-    static const int id = op_id(#name);                                                          \
-    return call_op(id, {&x}, DimVector{kNoScalar}, [](Locals l) { return name(l[0]); });         \
+    static const int id = op_id(#name);                                                         \
+    DTensor out = call_op(id, {&x}, DimVector{kNoScalar}, [](Locals l) { return name(l[0]); }); \
+    derivatives::record_unary(#name, derivatives::Unary::name, out, x);                         \
+    return out;                                                                                 \
   }
 TESSERA_DTENSOR_UNARY(neg)
 TESSERA_DTENSOR_UNARY(abs)
@@ -128,30 +149,44 @@ TESSERA_DTENSOR_UNARY(tanh)
 TESSERA_DTENSOR_UNARY(sigmoid)
 TESSERA_DTENSOR_UNARY(gelu)
 TESSERA_DTENSOR_UNARY(silu)
-TESSERA_DTENSOR_UNARY(logical_not)
 #undef TESSERA_DTENSOR_UNARY
+
+DTensor logical_not(const DTensor& x) {
+  static const int id = op_id("logical_not");
+  return call_op(id, {&x}, DimVector{kNoScalar}, [](Locals l) { return logical_not(l[0]); });
+}
 
 DTensor clamp(const DTensor& x, Scalar lo, Scalar hi) {
   static const int id = op_id("clamp");
-  return call_op(id, {&x}, DimVector{kNoScalar, kind(lo), kind(hi)}, [&](Locals l) { return clamp(l[0], lo, hi); });
+  return detail::recorded(
+      call_op(id, {&x}, DimVector{kNoScalar, kind(lo), kind(hi)}, [&](Locals l) { return clamp(l[0], lo, hi); }),
+      [&](DTensor& out) { derivatives::record_clamp(out, x, lo, hi); });
 }
 
 DTensor where(const DTensor& cond, const DTensor& a, const DTensor& b) {
   static const int id = op_id("where");
-  return call_op(id, {&cond, &a, &b}, DimVector{kNoScalar}, [](Locals l) { return where(l[0], l[1], l[2]); });
+  return detail::recorded(
+      call_op(id, {&cond, &a, &b}, DimVector{kNoScalar}, [](Locals l) { return where(l[0], l[1], l[2]); }),
+      [&](DTensor& out) { derivatives::record_where(out, cond, &a, &b); });
 }
 DTensor where(const DTensor& cond, const DTensor& a, Scalar b) {
   static const int id = op_id("where");
-  return call_op(id, {&cond, &a}, DimVector{kScalarRight, kind(b)}, [&](Locals l) { return where(l[0], l[1], b); });
+  return detail::recorded(
+      call_op(id, {&cond, &a}, DimVector{kScalarRight, kind(b)}, [&](Locals l) { return where(l[0], l[1], b); }),
+      [&](DTensor& out) { derivatives::record_where(out, cond, &a, static_cast<const DTensor*>(nullptr)); });
 }
 DTensor where(const DTensor& cond, Scalar a, const DTensor& b) {
   static const int id = op_id("where");
-  return call_op(id, {&cond, &b}, DimVector{kScalarLeft, kind(a)}, [&](Locals l) { return where(l[0], a, l[1]); });
+  return detail::recorded(
+      call_op(id, {&cond, &b}, DimVector{kScalarLeft, kind(a)}, [&](Locals l) { return where(l[0], a, l[1]); }),
+      [&](DTensor& out) { derivatives::record_where(out, cond, static_cast<const DTensor*>(nullptr), &b); });
 }
 DTensor masked_fill(const DTensor& x, const DTensor& mask, Scalar value) {
   static const int id = op_id("masked_fill");
-  return call_op(id, {&x, &mask}, DimVector{kScalarRight, kind(value)},
-                 [&](Locals l) { return masked_fill(l[0], l[1], value); });
+  return detail::recorded(
+      call_op(id, {&x, &mask}, DimVector{kScalarRight, kind(value)},
+              [&](Locals l) { return masked_fill(l[0], l[1], value); }),
+      [&](DTensor& out) { derivatives::record_where(out, mask, static_cast<const DTensor*>(nullptr), &x); });
 }
 
 }  // namespace tessera

@@ -2,6 +2,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/linalg.hpp>
 #include <tessera/ops/nn.hpp>
@@ -17,7 +18,8 @@ using Locals = std::span<const Tensor>;
 
 DTensor matmul(const DTensor& a, const DTensor& b) {
   static const int id = op_id("matmul");
-  return call_op(id, {&a, &b}, DimVector{}, [](Locals l) { return matmul(l[0], l[1]); });
+  return detail::recorded(call_op(id, {&a, &b}, DimVector{}, [](Locals l) { return matmul(l[0], l[1]); }),
+                          [&](DTensor& out) { derivatives::record_matmul("matmul", out, a, b); });
 }
 
 DTensor bmm(const DTensor& a, const DTensor& b) {
@@ -25,7 +27,8 @@ DTensor bmm(const DTensor& a, const DTensor& b) {
   TESSERA_CHECK(a.ndim() == 3 && b.ndim() == 3 && a.shape()[0] == b.shape()[0], ValueError, "bmm",
                 "expected two 3-d tensors of equal batch size, got ", a.shape().to_string(), " and ",
                 b.shape().to_string());
-  return call_op(id, {&a, &b}, DimVector{}, [](Locals l) { return bmm(l[0], l[1]); });
+  return detail::recorded(call_op(id, {&a, &b}, DimVector{}, [](Locals l) { return bmm(l[0], l[1]); }),
+                          [&](DTensor& out) { derivatives::record_matmul("bmm", out, a, b); });
 }
 
 DTensor linear(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias) {
@@ -33,20 +36,27 @@ DTensor linear(const DTensor& x, const DTensor& weight, const std::optional<DTen
   TESSERA_CHECK(x.ndim() >= 1, ValueError, "linear", "input of shape ", x.shape().to_string(),
                 " must have at least one dim");
   const auto kernel = [&](Locals l) { return linear(l[0], l[1], bias ? std::optional<Tensor>(l[2]) : std::nullopt); };
-  if (bias) return call_op(id, {&x, &weight, &*bias}, DimVector{1}, kernel);
-  return call_op(id, {&x, &weight}, DimVector{0}, kernel);
+  if (bias)
+    return detail::recorded(call_op(id, {&x, &weight, &*bias}, DimVector{1}, kernel),
+                            [&](DTensor& out) { derivatives::record_linear(out, x, weight, bias); });
+  return detail::recorded(call_op(id, {&x, &weight}, DimVector{0}, kernel),
+                          [&](DTensor& out) { derivatives::record_linear(out, x, weight, bias); });
 }
 
 DTensor softmax(const DTensor& x, int64_t dim) {
   static const int id = op_id("softmax");
   const int64_t d = detail::normalized_dim(dim, std::max<int64_t>(x.ndim(), 1), x.shape(), "softmax");
-  return call_op(id, {&x}, DimVector{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return softmax(l[0], dim); });
+  return detail::recorded(
+      call_op(id, {&x}, DimVector{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return softmax(l[0], dim); }),
+      [&](DTensor& out) { derivatives::record_softmax(out, x, dim, false); });
 }
 
 DTensor log_softmax(const DTensor& x, int64_t dim) {
   static const int id = op_id("log_softmax");
   const int64_t d = detail::normalized_dim(dim, std::max<int64_t>(x.ndim(), 1), x.shape(), "log_softmax");
-  return call_op(id, {&x}, DimVector{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return log_softmax(l[0], dim); });
+  return detail::recorded(
+      call_op(id, {&x}, DimVector{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return log_softmax(l[0], dim); }),
+      [&](DTensor& out) { derivatives::record_softmax(out, x, dim, true); });
 }
 
 namespace {
@@ -73,10 +83,21 @@ DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const std::o
     if (bias) b = l[next++];
     return layer_norm(l[0], normalized_shape, w, b, eps);
   };
-  if (weight && bias) return call_op(id, {&x, &*weight, &*bias}, args, kernel);
-  if (weight) return call_op(id, {&x, &*weight}, args, kernel);
-  if (bias) return call_op(id, {&x, &*bias}, args, kernel);
-  return call_op(id, {&x}, args, kernel);
+  if (weight && bias)
+    return detail::recorded(call_op(id, {&x, &*weight, &*bias}, args, kernel), [&](DTensor& out) {
+      derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
+    });
+  if (weight)
+    return detail::recorded(call_op(id, {&x, &*weight}, args, kernel), [&](DTensor& out) {
+      derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
+    });
+  if (bias)
+    return detail::recorded(call_op(id, {&x, &*bias}, args, kernel), [&](DTensor& out) {
+      derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
+    });
+  return detail::recorded(call_op(id, {&x}, args, kernel), [&](DTensor& out) {
+    derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
+  });
 }
 
 DTensor rms_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight, double eps) {
@@ -86,8 +107,14 @@ DTensor rms_norm(const DTensor& x, const Shape& normalized_shape, const std::opt
   const auto kernel = [&](Locals l) {
     return rms_norm(l[0], normalized_shape, weight ? std::optional<Tensor>(l[1]) : std::nullopt, eps);
   };
-  if (weight) return call_op(id, {&x, &*weight}, args, kernel);
-  return call_op(id, {&x}, args, kernel);
+  if (weight)
+    return detail::recorded(call_op(id, {&x, &*weight}, args, kernel), [&](DTensor& out) {
+      derivatives::record_norm("rms_norm", out, x, normalized_shape.size(), weight, std::optional<DTensor>(), eps,
+                               false);
+    });
+  return detail::recorded(call_op(id, {&x}, args, kernel), [&](DTensor& out) {
+    derivatives::record_norm("rms_norm", out, x, normalized_shape.size(), weight, std::optional<DTensor>(), eps, false);
+  });
 }
 
 namespace {
@@ -121,6 +148,23 @@ void check_index_range(const DTensor& indices, int64_t count, std::optional<int6
                 allowed ? " and not ignore_index " + std::to_string(*allowed) : std::string());
 }
 
+// Backward of embedding: the gradient rows added into the weight rows they came from, in the
+// weight's sharding (a vocabulary shard adds the rows it holds; sharded indices give P(sum)).
+void record_embedding(DTensor& out, const DTensor& weight, const DTensor& indices) {
+  if (!autograd::needs_grad<DTensor>({&weight})) return;
+  autograd::record<DTensor>("embedding", out, {&weight}, [w = weight.detach(), indices](const DTensor& g) {
+    static const int id = op_id("embedding_backward");
+    DTensor grad = call_op(id, {&w, &g, &indices}, DimVector{}, [](Locals l, const Decision& d) {
+      const Block& rows = d.blocks[0];
+      const auto [shifted, mask] = local_rows(l[2], rows.begin[0], rows.end[0]);
+      // Indices outside the block were sent to row 0 by local_rows: send them out of range instead.
+      const Tensor ids = where(mask, shifted, Scalar(int64_t{-1}));
+      return detail::embedding_backward(l[1], ids, l[0].shape()[0], l[1].dtype()).reshape(d.output_local_shape);
+    });
+    return std::vector<DTensor>{grad};
+  });
+}
+
 }  // namespace
 
 DTensor embedding(const DTensor& weight, const DTensor& indices) {
@@ -131,30 +175,53 @@ DTensor embedding(const DTensor& weight, const DTensor& indices) {
                 name(indices.dtype()));
   const int64_t vocab = weight.shape()[0];
   check_index_range(indices, vocab, std::nullopt, "embedding", "index");
-  return call_op(id, {&weight, &indices}, DimVector{}, [&](Locals l, const Decision& d) {
-    const Block& rows = d.blocks[0];
-    if (rows.begin[0] == 0 && rows.end[0] == vocab) return embedding(l[0], l[1]);
-    // Vocabulary-sharded: look up the rows this rank holds, zeros elsewhere (a Partial(sum)).
-    if (l[0].shape()[0] == 0) return zeros(d.output_local_shape, l[0].dtype());
-    const auto [shifted, mask] = local_rows(l[1], rows.begin[0], rows.end[0]);
-    return where(unsqueeze(mask, -1), embedding(l[0], shifted), Scalar(0));
-  });
+  return detail::recorded(call_op(id, {&weight, &indices}, DimVector{},
+                                  [&](Locals l, const Decision& d) {
+                                    const Block& rows = d.blocks[0];
+                                    if (rows.begin[0] == 0 && rows.end[0] == vocab) return embedding(l[0], l[1]);
+                                    // Vocabulary-sharded: look up the rows this rank holds, zeros elsewhere (a
+                                    // Partial(sum)).
+                                    if (l[0].shape()[0] == 0) return zeros(d.output_local_shape, l[0].dtype());
+                                    const auto [shifted, mask] = local_rows(l[1], rows.begin[0], rows.end[0]);
+                                    return where(unsqueeze(mask, -1), embedding(l[0], shifted), Scalar(0));
+                                  }),
+                          [&](DTensor& out) { record_embedding(out, weight, indices); });
 }
 
 namespace {
+
+// Backward of class_pick: the gradient placed at each target class, zeros elsewhere.
+void record_class_pick(DTensor& out, const DTensor& logits, const DTensor& target, int64_t class_dim) {
+  if (!autograd::needs_grad<DTensor>({&logits})) return;
+  autograd::record<DTensor>(
+      "class_pick", out, {&logits, &target}, [x = logits.detach(), target, class_dim](const DTensor& g) {
+        static const int id = op_id("class_pick_backward");
+        DTensor grad = call_op(id, {&x, &g, &target}, DimVector{class_dim}, [&](Locals l, const Decision& d) {
+          const int64_t begin = d.blocks[0].begin[class_dim], count = l[0].shape()[class_dim];
+          Shape along = Shape::filled(l[0].ndim(), 1);
+          along[class_dim] = count;
+          const Tensor classes = add(arange(count), Scalar(begin)).reshape(along);
+          const Tensor hit = eq(classes, unsqueeze(l[2].to(DType::i64), class_dim));
+          return where(hit, unsqueeze(l[1], class_dim), Scalar(0)).expand(d.output_local_shape).contiguous();
+        });
+        return std::vector<DTensor>{grad, DTensor()};
+      });
+}
 
 // logits' value at each target class along class_dim; with the class dim sharded each rank picks
 // what it holds (zero elsewhere), a Partial(sum). Targets outside the block (ignore_index) give 0.
 DTensor class_pick(const DTensor& logits, const DTensor& target, int64_t class_dim) {
   static const int id = op_id("class_pick");
-  return call_op(id, {&logits, &target}, DimVector{class_dim}, [&](Locals l, const Decision& d) {
-    const int64_t begin = d.blocks[0].begin[class_dim], count = l[0].shape()[class_dim];
-    Shape along = Shape::filled(l[0].ndim(), 1);
-    along[class_dim] = count;
-    const Tensor classes = add(arange(count), Scalar(begin)).reshape(along);
-    const Tensor hit = eq(classes, unsqueeze(l[1].to(DType::i64), class_dim));
-    return sum(where(hit, l[0], Scalar(0)), {class_dim});
-  });
+  return detail::recorded(call_op(id, {&logits, &target}, DimVector{class_dim},
+                                  [&](Locals l, const Decision& d) {
+                                    const int64_t begin = d.blocks[0].begin[class_dim], count = l[0].shape()[class_dim];
+                                    Shape along = Shape::filled(l[0].ndim(), 1);
+                                    along[class_dim] = count;
+                                    const Tensor classes = add(arange(count), Scalar(begin)).reshape(along);
+                                    const Tensor hit = eq(classes, unsqueeze(l[1].to(DType::i64), class_dim));
+                                    return sum(where(hit, l[0], Scalar(0)), {class_dim});
+                                  }),
+                          [&](DTensor& out) { record_class_pick(out, logits, target, class_dim); });
 }
 
 }  // namespace
@@ -179,7 +246,7 @@ DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t igno
   // loss = logsumexp(logits) - logits[target], with the max subtracted for stability. Across class
   // shards: amax -> P(max) reduced by the subtraction; the sum of exps -> P(sum) reduced by log;
   // the picked logit -> P(sum). Nothing of the logits' size moves.
-  const DTensor shifted = sub(logits, amax(logits, {class_dim}, true));
+  const DTensor shifted = sub(logits, amax(logits.detach(), {class_dim}, true));  // a constant shift
   const DTensor loss = sub(log(sum(exp(shifted), {class_dim})), class_pick(shifted, target, class_dim));
   const DTensor valid = ne(target, Scalar(ignore_index));
   const DTensor kept = where(valid, loss, Scalar(0));

@@ -6,6 +6,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/reduce.hpp>
 
@@ -43,12 +44,15 @@ DTensor extremum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdi
   for (int64_t d : reduced)
     TESSERA_CHECK(x.shape()[d] > 0, ValueError, name, "reducing the zero-size dim ", d, " of shape ",
                   x.shape().to_string());
-  return call_op(is_max ? max_id : min_id, {&x}, encode(keepdim, reduced), [&](Locals l, const Decision& d) {
-    bool empty_shard = false;
-    for (int64_t dim : reduced) empty_shard |= l[0].shape()[dim] == 0;
-    if (empty_shard) return full(d.output_local_shape, extreme(l[0].dtype(), is_max), l[0].dtype());
-    return is_max ? amax(l[0], reduced, keepdim) : amin(l[0], reduced, keepdim);
-  });
+  return detail::recorded(call_op(is_max ? max_id : min_id, {&x}, encode(keepdim, reduced),
+                                  [&](Locals l, const Decision& d) {
+                                    bool empty_shard = false;
+                                    for (int64_t dim : reduced) empty_shard |= l[0].shape()[dim] == 0;
+                                    if (empty_shard)
+                                      return full(d.output_local_shape, extreme(l[0].dtype(), is_max), l[0].dtype());
+                                    return is_max ? amax(l[0], reduced, keepdim) : amin(l[0], reduced, keepdim);
+                                  }),
+                          [&](DTensor& out) { derivatives::record_extreme_reduction(name, out, x, reduced, keepdim); });
 }
 
 }  // namespace
@@ -56,30 +60,38 @@ DTensor extremum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdi
 DTensor sum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   static const int id = op_id("sum");
   const auto reduced = detail::normalized_dims(dims, x.shape(), "sum");
-  return call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l) { return sum(l[0], reduced, keepdim); });
+  return detail::recorded(
+      call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l) { return sum(l[0], reduced, keepdim); }),
+      [&](DTensor& out) { derivatives::record_sum(out, x, reduced, keepdim, false); });
 }
 
 DTensor mean(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   static const int id = op_id("mean");
   const auto reduced = detail::normalized_dims(dims, x.shape(), "mean");
-  return call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l, const Decision& d) {
-    // A contraction the rule made P(sum) (uneven shards): local sum over the global count.
-    const Placements& in = d.targets[0]->placements();
-    const Placements& out = d.output->placements();
-    bool summed = false;
-    for (size_t m = 0; m < out.size(); ++m)
-      summed |= out[m] == Placement{Partial{ReduceOp::sum}} && in[m] != Placement{Partial{ReduceOp::sum}};
-    if (!summed) return mean(l[0], reduced, keepdim);
-    int64_t count = 1;
-    for (int64_t dim : reduced) count *= x.shape()[dim];
-    return div(sum(l[0], reduced, keepdim), static_cast<double>(count));
-  });
+  return detail::recorded(call_op(id, {&x}, encode(keepdim, reduced),
+                                  [&](Locals l, const Decision& d) {
+                                    // A contraction the rule made P(sum) (uneven shards): local sum over the global
+                                    // count.
+                                    const Placements& in = d.targets[0]->placements();
+                                    const Placements& out = d.output->placements();
+                                    bool summed = false;
+                                    for (size_t m = 0; m < out.size(); ++m)
+                                      summed |= out[m] == Placement{Partial{ReduceOp::sum}} &&
+                                                in[m] != Placement{Partial{ReduceOp::sum}};
+                                    if (!summed) return mean(l[0], reduced, keepdim);
+                                    int64_t count = 1;
+                                    for (int64_t dim : reduced) count *= x.shape()[dim];
+                                    return div(sum(l[0], reduced, keepdim), static_cast<double>(count));
+                                  }),
+                          [&](DTensor& out) { derivatives::record_sum(out, x, reduced, keepdim, true); });
 }
 
 DTensor prod(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   static const int id = op_id("prod");
   const auto reduced = detail::normalized_dims(dims, x.shape(), "prod");
-  return call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l) { return prod(l[0], reduced, keepdim); });
+  return detail::recorded(
+      call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l) { return prod(l[0], reduced, keepdim); }),
+      [&](DTensor& out) { derivatives::record_prod(out, x, reduced, keepdim); });
 }
 
 DTensor amax(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
@@ -94,7 +106,8 @@ DTensor var(const DTensor& x, const std::vector<int64_t>& dims, int64_t correcti
   const auto reduced = detail::normalized_dims(dims, x.shape(), "var");
   DimVector args{keepdim, correction};
   for (int64_t d : reduced) args.push_back(d);
-  return call_op(id, {&x}, args, [&](Locals l) { return var(l[0], reduced, correction, keepdim); });
+  return detail::recorded(call_op(id, {&x}, args, [&](Locals l) { return var(l[0], reduced, correction, keepdim); }),
+                          [&](DTensor& out) { derivatives::record_var(out, x, reduced, correction, keepdim); });
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/shape_ops.hpp>
 
 namespace tessera {
@@ -13,6 +14,38 @@ using detail::call_op;
 using detail::Decision;
 using detail::op_id;
 using Locals = std::span<const Tensor>;
+
+namespace {
+
+void record_permute(DTensor& out, const DTensor& x, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> inverse(dims.size());
+  for (size_t i = 0; i < dims.size(); ++i) inverse[static_cast<size_t>(dims[i])] = static_cast<int64_t>(i);
+  derivatives::record_unary(
+      "permute", out, x, [inverse](const DTensor& g, const DTensor&, const DTensor&) { return permute(g, inverse); });
+}
+
+// The gradient of narrow: g with zeros joined on either side along dim (in g's sharding).
+void record_narrow(DTensor& out, const DTensor& x, int64_t dim, int64_t start, int64_t length) {
+  derivatives::record_unary("narrow", out, x,
+                            [shape = x.shape(), dim, start, length](const DTensor& g, const DTensor&, const DTensor&) {
+                              Placements placements = g.placements();
+                              for (auto& p : placements)
+                                if (is_partial(p)) p = Replicate{};
+                              std::vector<DTensor> pieces;
+                              const auto zeros_of = [&](int64_t size) {
+                                Shape piece = shape;
+                                piece[dim] = size;
+                                return zeros(piece, g.device_mesh(), placements, g.dtype());
+                              };
+                              if (start > 0) pieces.push_back(zeros_of(start));
+                              pieces.push_back(g);
+                              if (shape[dim] - start - length > 0)
+                                pieces.push_back(zeros_of(shape[dim] - start - length));
+                              return pieces.size() == 1 ? g : cat(pieces, dim);
+                            });
+}
+
+}  // namespace
 
 DTensor reshape(const DTensor& x, const Shape& shape) {
   static const int id = op_id("reshape");
@@ -30,7 +63,13 @@ DTensor reshape(const DTensor& x, const Shape& shape) {
   if (infer >= 0 && known > 0) resolved[infer] = x.numel() / known;
   TESSERA_CHECK(resolved.numel() == x.numel() && (infer < 0 || known > 0), ValueError, "reshape", "cannot reshape ",
                 x.shape().to_string(), " (", x.numel(), " elements) to ", shape.to_string());
-  return call_op(id, {&x}, resolved, [](Locals l, const Decision& d) { return l[0].reshape(d.output_local_shape); });
+  return detail::recorded(
+      call_op(id, {&x}, resolved, [](Locals l, const Decision& d) { return l[0].reshape(d.output_local_shape); }),
+      [&](DTensor& out) {
+        derivatives::record_unary(
+            "reshape", out, x,
+            [shape = x.shape()](const DTensor& g, const DTensor&, const DTensor&) { return reshape(g, shape); });
+      });
 }
 
 DTensor view(const DTensor& x, const Shape& shape) { return reshape(x, shape); }
@@ -84,7 +123,8 @@ DTensor permute(const DTensor& x, const std::vector<int64_t>& dims) {
   for (int64_t i = 0; is_permutation && i < nd; ++i) is_permutation = sorted[static_cast<size_t>(i)] == i;
   TESSERA_CHECK(is_permutation, ValueError, "permute", "dims ", Shape(dims).to_string(),
                 " are not a permutation of the dims of ", x.shape().to_string());
-  return call_op(id, {&x}, DimVector(normalized), [&](Locals l) { return l[0].permute(normalized); });
+  return detail::recorded(call_op(id, {&x}, DimVector(normalized), [&](Locals l) { return l[0].permute(normalized); }),
+                          [&](DTensor& out) { record_permute(out, x, normalized); });
 }
 
 DTensor transpose(const DTensor& x, int64_t dim0, int64_t dim1) {
@@ -110,7 +150,14 @@ DTensor expand(const DTensor& x, const Shape& shape) {
   }
   for (int64_t d = 0; ok && d < offset; ++d) ok = resolved[d] >= 0;
   TESSERA_CHECK(ok, ValueError, "expand", "cannot expand ", x.shape().to_string(), " to ", shape.to_string());
-  return call_op(id, {&x}, resolved, [](Locals l, const Decision& d) { return l[0].expand(d.output_local_shape); });
+  return detail::recorded(
+      call_op(id, {&x}, resolved, [](Locals l, const Decision& d) { return l[0].expand(d.output_local_shape); }),
+      [&](DTensor& out) {
+        derivatives::record_unary("expand", out, x,
+                                  [shape = x.shape()](const DTensor& g, const DTensor&, const DTensor&) {
+                                    return derivatives::sum_to(g, shape);
+                                  });
+      });
 }
 
 DTensor narrow(const DTensor& x, int64_t dim, int64_t start, int64_t length) {
@@ -119,11 +166,13 @@ DTensor narrow(const DTensor& x, int64_t dim, int64_t start, int64_t length) {
   if (start < 0) start += x.shape()[d];
   TESSERA_CHECK(start >= 0 && length >= 0 && start + length <= x.shape()[d], ValueError, "narrow", "range [", start,
                 ", ", start + length, ") out of dim ", dim, " of shape ", x.shape().to_string());
-  return call_op(id, {&x}, DimVector{d, start, length}, [&](Locals l, const Decision& dec) {
-    const int64_t begin = dec.blocks[0].begin[d];
-    const int64_t local_start = std::clamp<int64_t>(start - begin, 0, l[0].shape()[d]);
-    return l[0].narrow(d, local_start, dec.output_local_shape[d]);
-  });
+  return detail::recorded(call_op(id, {&x}, DimVector{d, start, length},
+                                  [&](Locals l, const Decision& dec) {
+                                    const int64_t begin = dec.blocks[0].begin[d];
+                                    const int64_t local_start = std::clamp<int64_t>(start - begin, 0, l[0].shape()[d]);
+                                    return l[0].narrow(d, local_start, dec.output_local_shape[d]);
+                                  }),
+                          [&](DTensor& out) { record_narrow(out, x, d, start, length); });
 }
 
 DTensor select(const DTensor& x, int64_t dim, int64_t index) {
@@ -153,11 +202,16 @@ DTensor join(const std::vector<DTensor>& tensors, int64_t dim, bool stacking) {
   }
   std::vector<const DTensor*> inputs;
   for (const auto& t : tensors) inputs.push_back(&t);
-  return detail::dispatch(stacking ? stack_id : cat_id, inputs, DimVector{d},
-                          [&](std::span<const Tensor> l, const Decision&) {
-                            const std::vector<Tensor> locals(l.begin(), l.end());
-                            return stacking ? stack(locals, d) : cat(locals, d);
-                          });
+  DTensor out = detail::dispatch(stacking ? stack_id : cat_id, inputs, DimVector{d},
+                                 [&](std::span<const Tensor> l, const Decision&) {
+                                   const std::vector<Tensor> locals(l.begin(), l.end());
+                                   return stacking ? stack(locals, d) : cat(locals, d);
+                                 });
+  if (stacking)
+    derivatives::record_stack(out, tensors, d);
+  else
+    derivatives::record_cat(out, tensors, d);
+  return out;
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 #include <cmath>
 #include <type_traits>
 
+#include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/detail/elementwise_kernels.hpp>
+#include <tessera/ops/reduce.hpp>
+#include <tessera/ops/shape_ops.hpp>
 
 namespace tessera {
 
@@ -152,21 +155,33 @@ void check_not_bool(const Tensor& x, const char* op) {
 
 }  // namespace
 
-Tensor add(const Tensor& a, const Tensor& b) { return arithmetic("add", a, b, Add{}); }
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = arithmetic("add", a, b, Add{});
+  derivatives::record_add(out, a, b);
+  return out;
+}
 Tensor sub(const Tensor& a, const Tensor& b) {
   check_defined(a, "sub");
   check_defined(b, "sub");
   TESSERA_CHECK(a.dtype() != DType::b8 || b.dtype() != DType::b8, ValueError, "sub",
                 "subtracting two b8 tensors (shapes ", a.shape().to_string(), " and ", b.shape().to_string(),
                 ") is not supported; use logical_and/logical_not");
-  return arithmetic("sub", a, b, Sub{});
+  Tensor out = arithmetic("sub", a, b, Sub{});
+  derivatives::record_sub(out, a, b);
+  return out;
 }
-Tensor mul(const Tensor& a, const Tensor& b) { return arithmetic("mul", a, b, Mul{}); }
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = arithmetic("mul", a, b, Mul{});
+  derivatives::record_mul(out, a, b);
+  return out;
+}
 Tensor div(const Tensor& a, const Tensor& b) {
   check_defined(a, "div");
   check_defined(b, "div");
   const DType dt = floating_or_f32(promote_types(a.dtype(), b.dtype()));
-  return binary("div", a, b, dt, dt, Div{});
+  Tensor out = binary("div", a, b, dt, dt, Div{});
+  derivatives::record_div(out, a, b);
+  return out;
 }
 Tensor pow(const Tensor& a, const Tensor& b) {
   check_defined(a, "pow");
@@ -183,10 +198,20 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     TESSERA_CHECK(!negative, ValueError, "pow", "integer base of shape ", a.shape().to_string(),
                   " raised to a negative integer exponent; convert to a floating dtype first");
   }
-  return binary("pow", a, b, dt, dt, Pow{});
+  Tensor out = binary("pow", a, b, dt, dt, Pow{});
+  derivatives::record_pow(out, a, b);
+  return out;
 }
-Tensor maximum(const Tensor& a, const Tensor& b) { return arithmetic("maximum", a, b, Maximum{}); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return arithmetic("minimum", a, b, Minimum{}); }
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  Tensor out = arithmetic("maximum", a, b, Maximum{});
+  derivatives::record_extremum("maximum", out, a, b, true);
+  return out;
+}
+Tensor minimum(const Tensor& a, const Tensor& b) {
+  Tensor out = arithmetic("minimum", a, b, Minimum{});
+  derivatives::record_extremum("minimum", out, a, b, false);
+  return out;
+}
 
 Tensor add(const Tensor& a, Scalar b) {
   return with_scalar(a, b, "add", false, [](const Tensor& x, const Tensor& y) { return add(x, y); });
@@ -287,6 +312,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
                             {detail::bytes(result), detail::bytes(c), detail::bytes(x), detail::bytes(y)},
                             {result.itemsize(), 1, x.itemsize(), y.itemsize()}, detail::where_run<T>);
   });
+  derivatives::record_where(result, cond, &a, &b);
   return result;
 }
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b) {
@@ -307,46 +333,88 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
 Tensor neg(const Tensor& x) {
   check_defined(x, "neg");
   check_not_bool(x, "neg");
-  return unary("neg", x, x.dtype(), [](auto v) { return Sub{}(decltype(v)(0), v); });
+  Tensor out = unary("neg", x, x.dtype(), [](auto v) { return Sub{}(decltype(v)(0), v); });
+  derivatives::record_unary("neg", derivatives::Unary::neg, out, x);
+  return out;
 }
 Tensor abs(const Tensor& x) {
   check_defined(x, "abs");
   check_not_bool(x, "abs");
-  return unary("abs", x, x.dtype(), [](auto v) { return v < decltype(v)(0) ? Sub{}(decltype(v)(0), v) : v; });
+  Tensor out = unary("abs", x, x.dtype(), [](auto v) { return v < decltype(v)(0) ? Sub{}(decltype(v)(0), v) : v; });
+  derivatives::record_unary("abs", derivatives::Unary::abs, out, x);
+  return out;
 }
 Tensor relu(const Tensor& x) {
   check_defined(x, "relu");
   check_not_bool(x, "relu");
-  return unary("relu", x, x.dtype(), [](auto v) { return v > decltype(v)(0) || v != v ? v : decltype(v)(0); });
+  Tensor out = unary("relu", x, x.dtype(), [](auto v) { return v > decltype(v)(0) || v != v ? v : decltype(v)(0); });
+  derivatives::record_unary("relu", derivatives::Unary::relu, out, x);
+  return out;
 }
 Tensor sign(const Tensor& x) {
   check_defined(x, "sign");
-  return unary("sign", x, x.dtype(), [](auto v) {
+  Tensor out = unary("sign", x, x.dtype(), [](auto v) {
     using T = decltype(v);
-    if constexpr (std::is_same_v<T, bool>) return v;
-    else return v != v ? v : static_cast<T>((T(0) < v) - (v < T(0)));
+    if constexpr (std::is_same_v<T, bool>)
+      return v;
+    else
+      return v != v ? v : static_cast<T>((T(0) < v) - (v < T(0)));
   });
+  derivatives::record_unary("sign", derivatives::Unary::sign, out, x);
+  return out;
 }
-Tensor exp(const Tensor& x) { return floating_unary("exp", x, [](auto v) { return std::exp(v); }); }
-Tensor log(const Tensor& x) { return floating_unary("log", x, [](auto v) { return std::log(v); }); }
-Tensor sqrt(const Tensor& x) { return floating_unary("sqrt", x, [](auto v) { return std::sqrt(v); }); }
+Tensor exp(const Tensor& x) {
+  Tensor out = floating_unary("exp", x, [](auto v) { return std::exp(v); });
+  derivatives::record_unary("exp", derivatives::Unary::exp, out, x);
+  return out;
+}
+Tensor log(const Tensor& x) {
+  Tensor out = floating_unary("log", x, [](auto v) { return std::log(v); });
+  derivatives::record_unary("log", derivatives::Unary::log, out, x);
+  return out;
+}
+Tensor sqrt(const Tensor& x) {
+  Tensor out = floating_unary("sqrt", x, [](auto v) { return std::sqrt(v); });
+  derivatives::record_unary("sqrt", derivatives::Unary::sqrt, out, x);
+  return out;
+}
 Tensor rsqrt(const Tensor& x) {
-  return floating_unary("rsqrt", x, [](auto v) { return decltype(v)(1) / std::sqrt(v); });
+  Tensor out = floating_unary("rsqrt", x, [](auto v) { return decltype(v)(1) / std::sqrt(v); });
+  derivatives::record_unary("rsqrt", derivatives::Unary::rsqrt, out, x);
+  return out;
 }
-Tensor sin(const Tensor& x) { return floating_unary("sin", x, [](auto v) { return std::sin(v); }); }
-Tensor cos(const Tensor& x) { return floating_unary("cos", x, [](auto v) { return std::cos(v); }); }
-Tensor tanh(const Tensor& x) { return floating_unary("tanh", x, [](auto v) { return std::tanh(v); }); }
+Tensor sin(const Tensor& x) {
+  Tensor out = floating_unary("sin", x, [](auto v) { return std::sin(v); });
+  derivatives::record_unary("sin", derivatives::Unary::sin, out, x);
+  return out;
+}
+Tensor cos(const Tensor& x) {
+  Tensor out = floating_unary("cos", x, [](auto v) { return std::cos(v); });
+  derivatives::record_unary("cos", derivatives::Unary::cos, out, x);
+  return out;
+}
+Tensor tanh(const Tensor& x) {
+  Tensor out = floating_unary("tanh", x, [](auto v) { return std::tanh(v); });
+  derivatives::record_unary("tanh", derivatives::Unary::tanh, out, x);
+  return out;
+}
 Tensor sigmoid(const Tensor& x) {
-  return floating_unary("sigmoid", x, [](auto v) { return decltype(v)(1) / (decltype(v)(1) + std::exp(-v)); });
+  Tensor out = floating_unary("sigmoid", x, [](auto v) { return decltype(v)(1) / (decltype(v)(1) + std::exp(-v)); });
+  derivatives::record_unary("sigmoid", derivatives::Unary::sigmoid, out, x);
+  return out;
 }
 Tensor gelu(const Tensor& x) {
-  return floating_unary("gelu", x, [](auto v) {
+  Tensor out = floating_unary("gelu", x, [](auto v) {
     using T = decltype(v);
     return T(0.5) * v * (T(1) + std::erf(v * T(0.70710678118654752440)));
   });
+  derivatives::record_unary("gelu", derivatives::Unary::gelu, out, x);
+  return out;
 }
 Tensor silu(const Tensor& x) {
-  return floating_unary("silu", x, [](auto v) { return v / (decltype(v)(1) + std::exp(-v)); });
+  Tensor out = floating_unary("silu", x, [](auto v) { return v / (decltype(v)(1) + std::exp(-v)); });
+  derivatives::record_unary("silu", derivatives::Unary::silu, out, x);
+  return out;
 }
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) {
   check_defined(x, "clamp");
@@ -354,5 +422,9 @@ Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) {
                 " above upper bound ", hi.to_string(), " for input of shape ", x.shape().to_string());
   return minimum(maximum(x, lo), hi);
 }
+
+namespace autograd {
+Tensor GradOps<Tensor>::add(const Tensor& a, const Tensor& b) { return tessera::add(a, b); }
+}  // namespace autograd
 
 }  // namespace tessera

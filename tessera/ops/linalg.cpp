@@ -9,7 +9,10 @@
 #include <cstdlib>
 #include <mutex>
 
+#include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/reduce.hpp>
+#include <tessera/ops/shape_ops.hpp>
 
 namespace tessera {
 
@@ -134,8 +137,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   const DType out_dtype = promote_types(a_in.dtype(), b_in.dtype());
   const DType dt = gemm_dtype(out_dtype, "matmul", a_in, b_in);
   // 1-d operands become a row (a) or a column (b); the added dim is removed at the end.
-  const Tensor a = a_in.ndim() == 1 ? a_in.unsqueeze(0) : a_in;
-  const Tensor b = b_in.ndim() == 1 ? b_in.unsqueeze(1) : b_in;
+  // Detached: the kernel's internal views are not part of the graph; matmul records itself.
+  const Tensor a = a_in.ndim() == 1 ? a_in.detach().unsqueeze(0) : a_in.detach();
+  const Tensor b = b_in.ndim() == 1 ? b_in.detach().unsqueeze(1) : b_in.detach();
   const int64_t m = a.shape()[a.ndim() - 2], k = a.shape()[a.ndim() - 1];
   const int64_t kb = b.shape()[b.ndim() - 2], n = b.shape()[b.ndim() - 1];
   TESSERA_CHECK(k == kb, ValueError, "matmul", "inner dims differ: ", a_in.shape().to_string(), " @ ",
@@ -178,7 +182,9 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   }
   if (a_in.ndim() == 1) out = out.squeeze(-2);
   if (b_in.ndim() == 1) out = out.squeeze(-1);
-  return out.to(out_dtype);
+  out = out.to(out_dtype);
+  derivatives::record_matmul("matmul", out, a_in, b_in);
+  return out;
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
@@ -200,7 +206,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
                 " does not end in in_features ", in, " of weight ", weight.shape().to_string());
   if (!bias) {
     gemm_dtype(promote_types(x.dtype(), weight.dtype()), "linear", x, weight);  // name linear, not matmul
-    return matmul(x, weight.t());
+    Tensor out = matmul(x.detach(), weight.detach().t());
+    derivatives::record_linear(out, x, weight, bias);
+    return out;
   }
   TESSERA_CHECK(bias->defined() && bias->ndim() == 1 && bias->shape()[0] == out_features, ValueError, "linear",
                 "bias shape ", bias->defined() ? bias->shape().to_string() : "undefined", " must be [",
@@ -216,9 +224,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < x.ndim(); ++d) rows *= x.shape()[d];
   Tensor out2 = out.view({rows, out_features});
-  out2.copy_(*bias);
-  gemm_2d(x.to(dt).reshape({rows, in}), weight.to(dt).t(), out2, 1.0);
-  return out.to(out_dtype);
+  out2.copy_(bias->detach());
+  gemm_2d(x.detach().to(dt).reshape({rows, in}), weight.detach().to(dt).t(), out2, 1.0);
+  out = out.to(out_dtype);
+  derivatives::record_linear(out, x, weight, bias);
+  return out;
 }
 
 }  // namespace tessera

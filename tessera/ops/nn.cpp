@@ -15,6 +15,10 @@
 
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
+#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/reduce.hpp>
+#include <tessera/ops/shape_ops.hpp>
 
 namespace tessera {
 
@@ -248,11 +252,61 @@ void lane_logsumexp(const T* x, const Split& s, std::vector<compute_t<T>>& max_o
   }
 }
 
+void record_embedding(Tensor& out, const Tensor& weight, const Tensor& ids) {
+  if (!autograd::needs_grad<Tensor>({&weight})) return;
+  autograd::record<Tensor>("embedding", out, {&weight},
+                           [rows = weight.size(0), dtype = weight.dtype(), ids](const Tensor& g) {
+                             return std::vector<Tensor>{detail::embedding_backward(g, ids, rows, dtype)};
+                           });
+}
+
+// The gradient of cross_entropy: (softmax - one_hot(target)) on kept targets, scaled by the
+// reduction (1 / kept for mean).
+void record_cross_entropy(Tensor& out, const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                          Reduction reduction) {
+  if (!autograd::needs_grad<Tensor>({&logits})) return;
+  autograd::record<Tensor>(
+      "cross_entropy", out, {&logits}, [x = logits.detach(), target, ignore_index, reduction](const Tensor& g) {
+        const int64_t class_dim = x.ndim() == 1 ? 0 : 1;
+        Shape along = Shape::filled(x.ndim(), 1);
+        along[class_dim] = x.size(class_dim);
+        const Tensor target_along = unsqueeze(target, class_dim);
+        const Tensor one_hot = eq(arange(x.size(class_dim)).reshape(along), target_along).to(x.dtype());
+        const Tensor kept = ne(target_along, Scalar(ignore_index)).to(x.dtype());
+        Tensor scale = reduction == Reduction::none ? unsqueeze(g, class_dim) : g;
+        if (reduction == Reduction::mean) scale = div(scale, sum(kept));
+        return std::vector<Tensor>{mul(mul(sub(softmax(x, class_dim), one_hot), kept), scale)};
+      });
+}
+
 }  // namespace
 
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl<false>(x, dim, "softmax"); }
+Tensor detail::embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, DType dtype) {
+  const int64_t dim = grad.ndim() == 0 ? 1 : grad.shape()[grad.ndim() - 1], count = indices.numel();
+  Tensor acc = zeros({rows, dim}, DType::f64);
+  const Tensor src_rows = grad.to(DType::f64).reshape({count, dim}).contiguous();
+  const Tensor ids = indices.to(DType::i64).contiguous();
+  const int64_t* id = count > 0 ? ids.data<int64_t>() : nullptr;
+  double* dst = acc.data<double>();
+  const double* src = count > 0 ? src_rows.data<double>() : nullptr;
+  for (int64_t k = 0; k < count; ++k) {
+    if (id[k] < 0 || id[k] >= rows) continue;
+    for (int64_t j = 0; j < dim; ++j) dst[id[k] * dim + j] += src[k * dim + j];
+  }
+  return acc.to(dtype);
+}
 
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl<true>(x, dim, "log_softmax"); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  Tensor out = softmax_impl<false>(x, dim, "softmax");
+  derivatives::record_softmax(out, x, dim, /*log_of=*/false);
+  return out;
+}
+
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  Tensor out = softmax_impl<true>(x, dim, "log_softmax");
+  derivatives::record_softmax(out, x, dim, /*log_of=*/true);
+  return out;
+}
 
 Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const std::optional<Tensor>& weight,
                   const std::optional<Tensor>& bias, double eps) {
@@ -260,7 +314,7 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const std::opt
   const int64_t begin = check_normalized_shape(x, normalized_shape, op);
   check_affine(weight, "weight", x, normalized_shape, op);
   check_affine(bias, "bias", x, normalized_shape, op);
-  return visit_floating(x.dtype(), op, [&]<class T>(TypeTag<T>) {
+  Tensor result = visit_floating(x.dtype(), op, [&]<class T>(TypeTag<T>) {
     using C = compute_t<T>;
     Tensor out = empty(x.shape(), x.dtype());
     if (x.numel() == 0) return out;
@@ -271,13 +325,15 @@ Tensor layer_norm(const Tensor& x, const Shape& normalized_shape, const std::opt
     layer_norm_kernel<T>(in.data<T>(), out.data<T>(), s.outer, s.n, w.data(), b.data(), static_cast<C>(eps));
     return out;
   });
+  derivatives::record_norm("layer_norm", result, x, normalized_shape.size(), weight, bias, eps, /*centred=*/true);
+  return result;
 }
 
 Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const std::optional<Tensor>& weight, double eps) {
   constexpr const char* op = "rms_norm";
   const int64_t begin = check_normalized_shape(x, normalized_shape, op);
   check_affine(weight, "weight", x, normalized_shape, op);
-  return visit_floating(x.dtype(), op, [&]<class T>(TypeTag<T>) {
+  Tensor result = visit_floating(x.dtype(), op, [&]<class T>(TypeTag<T>) {
     using C = compute_t<T>;
     Tensor out = empty(x.shape(), x.dtype());
     if (x.numel() == 0) return out;
@@ -287,6 +343,9 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const std::optio
     rms_norm_kernel<T>(in.data<T>(), out.data<T>(), s.outer, s.n, w.data(), static_cast<C>(eps));
     return out;
   });
+  derivatives::record_norm("rms_norm", result, x, normalized_shape.size(), weight, std::optional<Tensor>(), eps,
+                           /*centred=*/false);
+  return result;
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
@@ -308,6 +367,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Shape out_shape = indices.shape();
   out_shape.push_back(dim);
   Tensor out = empty(out_shape, weight.dtype());
+  record_embedding(out, weight, idx);
   if (out.numel() == 0) return out;
   // A gather of whole rows: bytes are all that move, so no dtype dispatch is needed.
   const int64_t item = weight.itemsize();
@@ -350,7 +410,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
                   " out of range for logits shape ", logits.shape().to_string(), " with ", classes,
                   " classes; expected a class in [0, ", classes, ") or ignore_index ", ignore_index);
 
-  return visit_floating(logits.dtype(), op, [&]<class T>(TypeTag<T>) {
+  Tensor result = visit_floating(logits.dtype(), op, [&]<class T>(TypeTag<T>) {
     using C = compute_t<T>;
     if (reduction == Reduction::none && count == 0) return empty(target.shape(), logits.dtype());
     const Split s = split_dims(logits.shape(), class_dim, class_dim + 1);
@@ -380,6 +440,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
     // 0 / 0 is NaN when every target is ignored, as in PyTorch.
     return scalar_tensor(total / static_cast<double>(kept), logits.dtype());
   });
+  record_cross_entropy(result, logits, tgt.reshape(target.shape()), ignore_index, reduction);
+  return result;
 }
 
 }  // namespace tessera

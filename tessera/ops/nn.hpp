@@ -39,4 +39,10 @@ enum class Reduction { none, mean, sum };
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);
 
+namespace detail {
+/// The gradient of embedding: [rows, dim] zeros with each row of grad ([..., dim]) added into row
+/// indices[...] (int64, same leading shape); indices outside [0, rows) are skipped. Accumulates in f64.
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, DType dtype);
+}  // namespace detail
+
 }  // namespace tessera

@@ -43,6 +43,7 @@
 #include <numbers>
 
 #include <tessera/core/detail/strided_loop.hpp>
+#include <tessera/ops/elementwise.hpp>
 
 namespace tessera {
 
@@ -363,6 +364,10 @@ Tensor dropout(const Tensor& x, double p, bool training) {
                                     static_cast<T>(static_cast<C>(v) * (keep ? scale : C(0)));
                               }
                             });
+    if (autograd::needs_grad<Tensor>({&x}))
+      autograd::record<Tensor>("dropout", out, {&x}, [mask, scale = 1.0 / (1.0 - p)](const Tensor& g) {
+        return std::vector<Tensor>{where(mask, mul(g, Scalar(scale)), Scalar(0.0))};
+      });
     return out;
   });
 }

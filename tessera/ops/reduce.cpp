@@ -9,7 +9,9 @@
 #include <type_traits>
 
 #include <tessera/core/detail/strided_loop.hpp>
+#include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/shape_ops.hpp>
 
 namespace tessera {
 
@@ -222,13 +224,17 @@ Tensor arg_extremum(const char* name, const Tensor& x, std::optional<int64_t> di
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   TESSERA_CHECK(x.defined(), ValueError, "sum", "tensor is undefined (default-constructed)");
   const DType out = is_floating(x.dtype()) ? x.dtype() : DType::i64;
-  return reduce("sum", x, dims, keepdim, float_acc(x.dtype()), out, 0.0, SumOp{});
+  Tensor result = reduce("sum", x.detach(), dims, keepdim, float_acc(x.dtype()), out, 0.0, SumOp{});
+  derivatives::record_sum(result, x, dims, keepdim, /*mean_of=*/false);
+  return result;
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   TESSERA_CHECK(x.defined(), ValueError, "mean", "tensor is undefined (default-constructed)");
   const DType out = is_floating(x.dtype()) ? x.dtype() : DType::f32;
-  return reduce("mean", x, dims, keepdim, DType::f64, out, 0.0, SumOp{}, /*average=*/true);
+  Tensor result = reduce("mean", x.detach(), dims, keepdim, DType::f64, out, 0.0, SumOp{}, /*average=*/true);
+  derivatives::record_sum(result, x, dims, keepdim, /*mean_of=*/true);
+  return result;
 }
 
 Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
@@ -243,14 +249,20 @@ Tensor prod(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
     });
     return acc.reshape(r.out_shape);
   }
-  return reduce("prod", x, dims, keepdim, DType::f64, out, 1.0, ProdOp{});
+  Tensor result = reduce("prod", x.detach(), dims, keepdim, DType::f64, out, 1.0, ProdOp{});
+  derivatives::record_prod(result, x, dims, keepdim);
+  return result;
 }
 
 Tensor amax(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return extremum("amax", x, dims, keepdim, true);
+  Tensor result = extremum("amax", x.detach(), dims, keepdim, true);
+  derivatives::record_extreme_reduction("amax", result, x, dims, keepdim);
+  return result;
 }
 Tensor amin(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  return extremum("amin", x, dims, keepdim, false);
+  Tensor result = extremum("amin", x.detach(), dims, keepdim, false);
+  derivatives::record_extreme_reduction("amin", result, x, dims, keepdim);
+  return result;
 }
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
@@ -271,5 +283,9 @@ Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   return arg_extremum("argmin", x, dim, keepdim, false);
 }
+
+namespace autograd {
+Tensor GradOps<Tensor>::sum_to(const Tensor& grad, const Shape& shape) { return derivatives::sum_to(grad, shape); }
+}  // namespace autograd
 
 }  // namespace tessera

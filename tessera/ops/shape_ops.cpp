@@ -1,6 +1,10 @@
 // Joins and splits. chunk/split return views; cat/stack copy into one new tensor.
 #include <tessera/ops/shape_ops.hpp>
 
+#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/reduce.hpp>
+
 namespace tessera {
 
 namespace {
@@ -34,6 +38,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     out.narrow(d, at, t.shape()[d]).copy_(t);
     at += t.shape()[d];
   }
+  derivatives::record_cat(out, tensors, d);
   return out;
 }
 

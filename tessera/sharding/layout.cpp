@@ -71,29 +71,28 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
                ShardSizes sizes)
     : global_shape_(std::move(global_shape)), dtype_(dtype), mesh_(std::move(mesh)), placements_(std::move(placements)) {
   const int64_t nd = global_shape_.size();
-  const std::string text = describe(global_shape_, dtype_, mesh_, placements_);
-  TESSERA_CHECK(static_cast<int64_t>(placements_.size()) == mesh_.ndim(), ShardingError, "Layout", "layout ", text,
+  // Descriptions are built only when a check fails: the dispatcher constructs many layouts per miss.
+  const auto text = [&] { return describe(global_shape_, dtype_, mesh_, placements_); };
+  TESSERA_CHECK(static_cast<int64_t>(placements_.size()) == mesh_.ndim(), ShardingError, "Layout", "layout ", text(),
                 " has ", placements_.size(), " placements for a mesh of ", mesh_.ndim(), " dims");
-  for (int64_t s : global_shape_)
-    TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative size in layout ", text);
+  for (int64_t s : global_shape_) TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative size in layout ", text());
   orders_.assign(static_cast<size_t>(nd), {});
   for (int64_t m = 0; m < mesh_.ndim(); ++m) {
     auto* shard = std::get_if<Shard>(&placements_[static_cast<size_t>(m)]);
     if (!shard) continue;
     TESSERA_CHECK(shard->dim >= -nd && shard->dim < nd, ShardingError, "Layout", "shard dim ", shard->dim,
-                  " of mesh dim ", m, " out of range in layout ", text, "; the tensor has ", nd, " dims");
+                  " of mesh dim ", m, " out of range in layout ", text(), "; the tensor has ", nd, " dims");
     if (shard->dim < 0) shard->dim += nd;
     orders_[static_cast<size_t>(shard->dim)].push_back(m);
   }
-  const std::string normalized = describe(global_shape_, dtype_, mesh_, placements_);
   for (auto& [dim, order] : shard_order) {
     TESSERA_CHECK(dim >= 0 && dim < nd, ShardingError, "Layout", "shard order for tensor dim ", dim,
-                  " out of range in layout ", normalized);
+                  " out of range in layout ", text());
     std::vector<int64_t> given = order, expected = orders_[static_cast<size_t>(dim)];
     std::sort(given.begin(), given.end());
     TESSERA_CHECK(given == expected, ShardingError, "Layout", "shard order ", Shape(order).to_string(),
                   " for tensor dim ", dim, " must list exactly the mesh dims sharding it, ",
-                  Shape(expected).to_string(), ", in layout ", normalized);
+                  Shape(expected).to_string(), ", in layout ", text());
     orders_[static_cast<size_t>(dim)] = order;
   }
   pieces_.resize(static_cast<size_t>(nd));
@@ -106,20 +105,20 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
     auto& pieces = pieces_[static_cast<size_t>(d)];
     if (auto it = sizes.find(d); it != sizes.end()) {
       TESSERA_CHECK(!splits.empty(), ShardingError, "Layout", "explicit sizes for tensor dim ", d,
-                    ", which is not sharded, in layout ", normalized);
+                    ", which is not sharded, in layout ", text());
       pieces = it->second;
       TESSERA_CHECK(static_cast<int64_t>(pieces.size()) == count, ShardingError, "Layout", "explicit sizes ",
                     Shape(pieces).to_string(), " for tensor dim ", d, " have ", pieces.size(), " entries; expected ",
-                    count, " (one per piece) in layout ", normalized);
+                    count, " (one per piece) in layout ", text());
       int64_t total = 0;
       for (int64_t s : pieces) {
         TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative explicit size ", s, " for tensor dim ", d,
-                      " in layout ", normalized);
+                      " in layout ", text());
         total += s;
       }
       TESSERA_CHECK(total == global_shape_[d], ShardingError, "Layout", "explicit sizes ", Shape(pieces).to_string(),
                     " for tensor dim ", d, " add up to ", total, " but the dim has size ", global_shape_[d],
-                    " in layout ", normalized);
+                    " in layout ", text());
       // Sizes equal to chunk semantics are the default layout, not an explicit one.
       explicit_[static_cast<size_t>(d)] = pieces != chunk_sizes(global_shape_[d], splits);
     } else {
@@ -131,7 +130,7 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
   }
   for (const auto& [dim, ignored] : sizes)
     TESSERA_CHECK(dim >= 0 && dim < nd, ShardingError, "Layout", "explicit sizes for tensor dim ", dim,
-                  " out of range in layout ", normalized);
+                  " out of range in layout ", text());
   hash_ = compute_hash(*this);
 }
 

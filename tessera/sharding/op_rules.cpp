@@ -5,7 +5,8 @@
 //   var                  {keepdim, correction, reduced dims ascending...}
 //   argmax argmin        {keepdim, dim or -1 for the flattened tensor}
 //   matmul bmm embedding {}            linear {has bias}
-//   softmax log_softmax  {dim}         class_pick {class dim}
+//   softmax log_softmax  {dim}         class_pick class_pick_backward {class dim}
+//   embedding_backward {}
 //   layer_norm           {normalized dims, has weight, has bias}   rms_norm {normalized dims, has weight}
 //   reshape expand       {result shape...}   permute {dims...}   narrow {dim, start, length}
 //   cat stack            {dim}
@@ -438,6 +439,46 @@ void register_builtin_rules(RuleRegistry& registry) {
                                    return rule;
                                  },
                                  "class_pick"));
+
+  // Backward ops (autograd). embedding_backward: weight "vd" (its layout only), grad "i...d",
+  // indices "i..." -> "vd": a sharded i is contracted (Partial(sum)), a sharded vocabulary keeps
+  // the weight's sharding (each rank adds the rows it holds). Linear in the gradient.
+  registry.set(
+      "embedding_backward",
+      factor_rule_of(
+          [](const std::vector<const Layout*>& in, const DimVector&) {
+            const int64_t ni = in[2]->ndim();
+            const int V = 0, D = 1;
+            FactorRule rule;
+            rule.num_factors = static_cast<int>(ni) + 2;
+            std::vector<int> batch;
+            for (int64_t d = 0; d < ni; ++d) batch.push_back(static_cast<int>(d) + 2);
+            std::vector<int> grad = batch;
+            grad.push_back(D);
+            rule.inputs = {{V, D}, grad, batch};
+            rule.output = {V, D};
+            rule.linear.push_back({{Replicate{}, Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
+            return rule;
+          },
+          "embedding_backward"));
+  // class_pick_backward: logits "nc..." (its layout only), grad and target "n..." -> "nc...": the
+  // gradient placed at each target class; a sharded class dim keeps the logits' sharding.
+  registry.set(
+      "class_pick_backward",
+      factor_rule_of(
+          [](const std::vector<const Layout*>& in, const DimVector& args) {
+            const int64_t nd = in[0]->ndim(), c = args[0];
+            FactorRule rule;
+            rule.num_factors = static_cast<int>(nd);
+            std::vector<int> rest;
+            for (int64_t d = 0; d < nd; ++d)
+              if (d != c) rest.push_back(static_cast<int>(d));
+            rule.inputs = {identity_factors(nd), rest, rest};
+            rule.output = identity_factors(nd);
+            rule.linear.push_back({{Replicate{}, Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
+            return rule;
+          },
+          "class_pick_backward"));
 
   registry.set("reshape", [](const std::vector<const Layout*>& in, const DimVector& args) {
     return std::vector<OpProposal>{reshape_proposal(*in[0], Shape(args))};

@@ -24,6 +24,13 @@ DTensor call_op(int id, std::initializer_list<const DTensor*> inputs, const DimV
 
 /// A 0-d Tensor beside a DTensor, as a replicated DTensor on its mesh. Throws ShardingError
 /// naming `op` for any other plain Tensor.
+/// Runs `record` (a derivatives::record_* call) on an op's result and returns it.
+template <class Record>
+DTensor recorded(DTensor out, Record&& record) {
+  record(out);
+  return out;
+}
+
 DTensor replicated_operand(const Tensor& t, const DTensor& like, const char* op);
 
 /// Dims normalised into [0, ndim), ascending; all dims when empty. Throws ValueError naming `op`

@@ -1,0 +1,141 @@
+#pragma once
+// Reverse-mode autograd graph, shared by Tensor and DTensor (DESIGN.md §1: autograd is built on
+// both). The graph is type-erased so that this core header names neither type's ops: a node maps
+// the gradient of its output (a Tensor or a DTensor, held in std::any) to the gradients of its
+// inputs, and each op's derivative lives next to the op (ops/detail/derivatives.hpp), written
+// once for both types.
+//
+// Recording costs one thread-local flag test and one pointer test per input when nothing
+// requires a gradient, so the dispatch hot path is unchanged.
+#include <any>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tessera::autograd {
+
+class Node;
+
+/// Gradient arithmetic per tensor type, specialised beside each type (Tensor, DTensor).
+template <class T>
+struct GradOps;  // static T add(const T&, const T&);
+
+/// Autograd state of one tensor handle (shared by its copies).
+struct Meta {
+  bool requires_grad = false;
+  /// The node that produced this tensor; null for a leaf.
+  std::shared_ptr<Node> grad_fn;
+  /// Leaves: the accumulated gradient (Tensor or DTensor), empty until backward reaches it.
+  std::any grad;
+  /// Leaves: adds `incoming` into `grad`, converting it to the leaf's dtype and layout.
+  std::function<void(Meta&, const std::any& incoming)> accumulate;
+};
+
+/// One recorded op: gradients of its inputs from the gradient of its output.
+class Node {
+ public:
+  explicit Node(const char* name) : name_(name) {}
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  /// One entry per input; an empty std::any means no gradient flows to that input.
+  virtual std::vector<std::any> apply(const std::any& grad_output) = 0;
+  /// total += grad, both of this node's output type (total may be empty).
+  virtual void accumulate(std::any& total, const std::any& grad) const = 0;
+  const char* name() const { return name_; }
+
+  /// One edge per op input: the input's Meta, or null when that input needs no gradient.
+  std::vector<std::shared_ptr<Meta>> inputs;
+
+ private:
+  const char* name_;
+};
+
+/// Whether ops record the graph on this thread (each rank of the threads backend has its own).
+bool is_grad_enabled();
+void set_grad_enabled(bool enabled);
+
+/// RAII: no recording inside the scope (optimizer updates, evaluation). Restores the previous mode.
+class NoGradGuard {
+ public:
+  NoGradGuard() : previous_(is_grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(previous_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// Runs the backward pass from `root` (the Meta of the tensor backward() was called on) with the
+/// gradient `grad` of that tensor: every node reachable from root runs once, after all the nodes
+/// that feed it gradient, and every leaf that requires a gradient accumulates into its grad. The
+/// graph is kept, so a second backward accumulates again. Recording is off during the pass.
+void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad);
+
+/// A node whose backward is a function from the output gradient (type Out) to the input
+/// gradients (type In; an undefined In means none). Out != In for the bridges between Tensor and
+/// DTensor (to_local, from_local, full_tensor).
+template <class Out, class In = Out>
+class FunctionNode final : public Node {
+ public:
+  using Backward = std::function<std::vector<In>(const Out&)>;
+  FunctionNode(const char* name, Backward backward) : Node(name), backward_(std::move(backward)) {}
+
+  std::vector<std::any> apply(const std::any& grad_output) override {
+    std::vector<In> grads = backward_(std::any_cast<const Out&>(grad_output));
+    std::vector<std::any> out(grads.size());
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grads[i].defined()) out[i] = std::move(grads[i]);
+    return out;
+  }
+  void accumulate(std::any& total, const std::any& grad) const override {
+    if (!total.has_value())
+      total = grad;
+    else
+      total = GradOps<Out>::add(std::any_cast<const Out&>(total), std::any_cast<const Out&>(grad));
+  }
+
+ private:
+  Backward backward_;
+};
+
+/// True when recording is on and any input requires a gradient.
+template <class T>
+bool needs_grad(std::initializer_list<const T*> inputs) {
+  if (!is_grad_enabled()) return false;
+  for (const T* input : inputs)
+    if (input && input->requires_grad()) return true;
+  return false;
+}
+template <class T>
+bool needs_grad(const std::vector<T>& inputs) {
+  if (!is_grad_enabled()) return false;
+  for (const T& input : inputs)
+    if (input.requires_grad()) return true;
+  return false;
+}
+
+/// Makes `out` the output of a new node over `inputs` (null entries: inputs that are not tensors).
+template <class Out, class In>
+void record(const char* name, Out& out, const std::vector<const In*>& inputs,
+            typename FunctionNode<Out, In>::Backward backward) {
+  auto node = std::make_shared<FunctionNode<Out, In>>(name, std::move(backward));
+  node->inputs.reserve(inputs.size());
+  for (const In* input : inputs)
+    node->inputs.push_back(input && input->requires_grad() ? input->autograd_meta() : nullptr);
+  auto meta = std::make_shared<Meta>();
+  meta->requires_grad = true;
+  meta->grad_fn = std::move(node);
+  out.set_autograd_meta(std::move(meta));
+}
+template <class T>
+void record(const char* name, T& out, std::initializer_list<const T*> inputs,
+            typename FunctionNode<T, T>::Backward backward) {
+  record<T, T>(name, out, std::vector<const T*>(inputs), std::move(backward));
+}
+
+}  // namespace tessera::autograd

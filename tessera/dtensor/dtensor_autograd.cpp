@@ -1,0 +1,99 @@
+// DTensor's autograd surface: leaves whose gradients land in the leaf's layout, backward(), detach().
+#include <tessera/core/autograd.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/dtensor/ops.hpp>
+
+namespace tessera {
+
+Layout gradient_layout(const Layout& layout) {
+  if (!layout.has_partial()) return layout;
+  Placements placements = layout.placements();
+  for (auto& p : placements)
+    if (is_partial(p)) p = Replicate{};
+  return layout.with_placements(std::move(placements));
+}
+
+namespace autograd {
+DTensor GradOps<DTensor>::add(const DTensor& a, const DTensor& b) { return tessera::add(a, b); }
+}  // namespace autograd
+
+namespace {
+
+// The same values in another dtype (an elementwise cast changes no layout).
+DTensor cast(const DTensor& x, DType dtype, const DeviceMesh& mesh) {
+  if (x.dtype() == dtype) return x;
+  return DTensor(x.to_local().to(dtype), mesh, x.layout().with_dtype(dtype));
+}
+
+}  // namespace
+
+DTensor& DTensor::requires_grad_(bool on) {
+  if (!on) {
+    TESSERA_CHECK(is_leaf(), ShardingError, "DTensor::requires_grad_", "cannot turn off gradients of a non-leaf ",
+                  to_string(), " (result of ", grad_fn_name(), "); use detach()");
+    if (autograd_) autograd_->requires_grad = false;
+    return *this;
+  }
+  TESSERA_CHECK(is_floating(dtype()), ShardingError, "DTensor::requires_grad_",
+                "only floating DTensors can require gradients; got ", to_string());
+  if (requires_grad()) return *this;
+  auto meta = std::make_shared<autograd::Meta>();
+  meta->requires_grad = true;
+  meta->accumulate = [mesh = mesh_, target = gradient_layout(*layout_)](autograd::Meta& leaf,
+                                                                        const std::any& incoming) {
+    DTensor grad = cast(std::any_cast<const DTensor&>(incoming), target.dtype(), mesh);
+    if (!(grad.layout() == target)) grad = grad.redistribute(mesh, target);
+    if (leaf.grad.has_value()) grad = add(std::any_cast<const DTensor&>(leaf.grad), grad);
+    leaf.grad = grad;
+  };
+  autograd_ = std::move(meta);
+  return *this;
+}
+
+DTensor DTensor::grad() const {
+  if (!autograd_ || !autograd_->grad.has_value()) return DTensor();
+  return std::any_cast<const DTensor&>(autograd_->grad);
+}
+
+void DTensor::set_grad(const DTensor& grad) {
+  TESSERA_CHECK(requires_grad() && is_leaf(), ShardingError, "DTensor::set_grad",
+                "only a leaf that requires a gradient has one; ", to_string(), " does not");
+  if (!grad.defined()) {
+    autograd_->grad.reset();
+    return;
+  }
+  TESSERA_CHECK(grad.shape() == shape(), ShardingError, "DTensor::set_grad", "gradient ", grad.to_string(), " for ",
+                to_string());
+  autograd_->grad = grad;
+}
+
+void DTensor::backward() const {
+  TESSERA_CHECK(requires_grad(), ShardingError, "DTensor::backward", to_string(),
+                " does not require a gradient (no input called requires_grad_)");
+  TESSERA_CHECK(numel() == 1, ShardingError, "DTensor::backward", "a gradient is needed for ", to_string(),
+                "; only one-element DTensors default to 1");
+  const Layout seed_layout = gradient_layout(*layout_);
+  backward(DTensor(
+      full(seed_layout.local_shape(mesh_.is_member() ? mesh_.coordinate()
+                                                     : std::vector<int64_t>(static_cast<size_t>(mesh_.ndim()), 0)),
+           1.0, dtype()),
+      mesh_, seed_layout));
+}
+
+void DTensor::backward(const DTensor& grad) const {
+  TESSERA_CHECK(requires_grad(), ShardingError, "DTensor::backward", to_string(),
+                " does not require a gradient (no input called requires_grad_)");
+  TESSERA_CHECK(grad.shape() == shape(), ShardingError, "DTensor::backward", "gradient ", grad.to_string(), " for ",
+                to_string());
+  autograd::run_backward(autograd_, std::any(grad));
+}
+
+DTensor DTensor::detach() const {
+  DTensor out = *this;
+  out.autograd_.reset();
+  return out;
+}
+
+std::string DTensor::grad_fn_name() const { return is_leaf() ? "" : autograd_->grad_fn->name(); }
+
+}  // namespace tessera

@@ -1,0 +1,377 @@
+#pragma once
+// Derivatives of the op library, written once for Tensor and DTensor (T): each record_<op> is
+// called by the op on both types after the forward result is computed, and records the op when an
+// input requires a gradient. The formulas use only ops that both types provide, so on DTensor the
+// backward pass is itself sharded and its redistributions are planned like the forward's.
+// Saved operands are detached: the graph never references its own outputs (no cycles).
+#include <cmath>
+#include <numbers>
+#include <optional>
+#include <vector>
+
+#include <tessera/core/autograd.hpp>
+#include <tessera/core/tensor.hpp>
+
+namespace tessera::derivatives {
+
+using autograd::needs_grad;
+using autograd::record;
+
+// --- shape helpers ----------------------------------------------------------------------------
+
+/// Sums `grad` over the dims that broadcasting added or stretched, back to `shape`.
+template <class T>
+T sum_to(const T& grad, const Shape& shape) {
+  if (grad.shape() == shape) return grad;
+  const int64_t lead = grad.ndim() - shape.size();
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < lead; ++d) dims.push_back(d);
+  for (int64_t i = 0; i < shape.size(); ++i)
+    if (shape[i] == 1 && grad.shape()[lead + i] != 1) dims.push_back(lead + i);
+  const T summed = dims.empty() ? grad : sum(grad, dims, true);
+  return reshape(summed, shape);
+}
+
+/// The reduced dims of a reduction (all when empty), non-negative and sorted.
+inline std::vector<int64_t> reduced_dims(const std::vector<int64_t>& dims, int64_t ndim) {
+  std::vector<bool> reduced(static_cast<size_t>(ndim), dims.empty());
+  for (int64_t d : dims) reduced[static_cast<size_t>(d < 0 ? d + ndim : d)] = true;
+  std::vector<int64_t> out;
+  for (int64_t d = 0; d < ndim; ++d)
+    if (reduced[static_cast<size_t>(d)]) out.push_back(d);
+  return out;
+}
+
+/// A reduction's output (or its gradient) broadcast back over the reduced dims of `shape`.
+template <class T>
+T expand_reduced(const T& reduced, const Shape& shape, const std::vector<int64_t>& dims, bool keepdim) {
+  T kept = reduced;
+  if (!keepdim) {
+    Shape with_ones = shape;
+    for (int64_t d : dims) with_ones[d] = 1;
+    kept = reshape(reduced, with_ones);
+  }
+  return expand(kept, shape);
+}
+
+inline int64_t count_of(const Shape& shape, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= shape[d];
+  return n;
+}
+
+/// The gradient of max-like selections: all of g where `wins`, half where `ties` (PyTorch's rule).
+template <class T>
+T share_of(const T& g, const T& wins, const T& ties) {
+  return add(where(wins, g, Scalar(0.0)), where(ties, mul(g, Scalar(0.5)), Scalar(0.0)));
+}
+
+// --- elementwise ------------------------------------------------------------------------------
+
+template <class T>
+void record_add(T& out, const T& a, const T& b) {
+  if (!needs_grad<T>({&a, &b})) return;
+  record<T>("add", out, {&a, &b}, [sa = a.shape(), sb = b.shape()](const T& g) {
+    return std::vector<T>{sum_to(g, sa), sum_to(g, sb)};
+  });
+}
+
+template <class T>
+void record_sub(T& out, const T& a, const T& b) {
+  if (!needs_grad<T>({&a, &b})) return;
+  record<T>("sub", out, {&a, &b}, [sa = a.shape(), sb = b.shape()](const T& g) {
+    return std::vector<T>{sum_to(g, sa), sum_to(neg(g), sb)};
+  });
+}
+
+template <class T>
+void record_mul(T& out, const T& a, const T& b) {
+  if (!needs_grad<T>({&a, &b})) return;
+  record<T>("mul", out, {&a, &b}, [a = a.detach(), b = b.detach()](const T& g) {
+    return std::vector<T>{sum_to(mul(g, b), a.shape()), sum_to(mul(g, a), b.shape())};
+  });
+}
+
+template <class T>
+void record_div(T& out, const T& a, const T& b) {
+  if (!needs_grad<T>({&a, &b})) return;
+  record<T>("div", out, {&a, &b}, [a = a.detach(), b = b.detach()](const T& g) {
+    const T ga = div(g, b);
+    return std::vector<T>{sum_to(ga, a.shape()), sum_to(neg(mul(ga, div(a, b))), b.shape())};
+  });
+}
+
+template <class T>
+void record_pow(T& out, const T& a, const T& b) {
+  if (!needs_grad<T>({&a, &b})) return;
+  record<T>("pow", out, {&a, &b}, [a = a.detach(), b = b.detach(), y = out.detach()](const T& g) {
+    const T ga = mul(mul(g, b), pow(a, sub(b, Scalar(1.0))));
+    // d/db a^b = a^b log a, taken as 0 where a <= 0 (as PyTorch does for a == 0).
+    const T gb = where(gt(a, Scalar(0.0)), mul(mul(g, y), log(a)), Scalar(0.0));
+    return std::vector<T>{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
+  });
+}
+
+template <class T>
+void record_extremum(const char* name, T& out, const T& a, const T& b, bool is_max) {
+  if (!needs_grad<T>({&a, &b})) return;
+  record<T>(name, out, {&a, &b}, [a = a.detach(), b = b.detach(), is_max](const T& g) {
+    const T a_wins = is_max ? gt(a, b) : lt(a, b), b_wins = is_max ? gt(b, a) : lt(b, a), ties = eq(a, b);
+    return std::vector<T>{sum_to(share_of(g, a_wins, ties), a.shape()), sum_to(share_of(g, b_wins, ties), b.shape())};
+  });
+}
+
+/// Ops with a scalar operand (DTensor records them itself; Tensor routes them through a 0-d tensor).
+enum class ScalarOp { add, sub, rsub, mul, div, rdiv, pow, rpow, maximum, minimum };
+
+template <class T>
+void record_scalar(const char* name, T& out, const T& x, Scalar s, ScalarOp op) {
+  if (!needs_grad<T>({&x})) return;
+  record<T>(name, out, {&x}, [x = x.detach(), y = out.detach(), s, op](const T& g) {
+    const double v = s.to<double>();
+    switch (op) {
+      case ScalarOp::add:
+      case ScalarOp::sub:
+        return std::vector<T>{g};
+      case ScalarOp::rsub:
+        return std::vector<T>{neg(g)};
+      case ScalarOp::mul:
+        return std::vector<T>{mul(g, s)};
+      case ScalarOp::div:
+        return std::vector<T>{div(g, s)};
+      case ScalarOp::rdiv:
+        return std::vector<T>{neg(mul(g, div(y, x)))};
+      case ScalarOp::pow:
+        return std::vector<T>{mul(mul(g, Scalar(v)), pow(x, Scalar(v - 1.0)))};
+      case ScalarOp::rpow:
+        return std::vector<T>{mul(mul(g, y), Scalar(std::log(v)))};
+      case ScalarOp::maximum:
+        return std::vector<T>{share_of(g, gt(x, s), eq(x, s))};
+      case ScalarOp::minimum:
+        return std::vector<T>{share_of(g, lt(x, s), eq(x, s))};
+    }
+    return std::vector<T>{};
+  });
+}
+
+/// Unary ops: `local` gives d out / d x from the saved input and output.
+template <class T, class Derivative>
+void record_unary(const char* name, T& out, const T& x, Derivative derivative) {
+  if (!needs_grad<T>({&x})) return;
+  record<T>(name, out, {&x},
+            [x = x.detach(), y = out.detach(), derivative](const T& g) { return std::vector<T>{derivative(g, x, y)}; });
+}
+
+enum class Unary { neg, abs, relu, sign, exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, gelu, silu };
+
+/// d out / d x times g, from the saved input x and output y.
+template <class T>
+T unary_grad(Unary op, const T& g, const T& x, const T& y) {
+  switch (op) {
+    case Unary::neg:
+      return neg(g);
+    case Unary::abs:
+      return mul(g, sign(x));
+    case Unary::relu:
+      return where(gt(x, Scalar(0.0)), g, Scalar(0.0));
+    case Unary::sign:
+      return mul(g, Scalar(0.0));
+    case Unary::exp:
+      return mul(g, y);
+    case Unary::log:
+      return div(g, x);
+    case Unary::sqrt:
+      return div(mul(g, Scalar(0.5)), y);
+    case Unary::rsqrt:
+      return mul(mul(g, Scalar(-0.5)), mul(y, mul(y, y)));
+    case Unary::sin:
+      return mul(g, cos(x));
+    case Unary::cos:
+      return neg(mul(g, sin(x)));
+    case Unary::tanh:
+      return mul(g, sub(Scalar(1.0), mul(y, y)));
+    case Unary::sigmoid:
+      return mul(g, mul(y, sub(Scalar(1.0), y)));
+    case Unary::gelu: {
+      // gelu = x Phi(x): d/dx = Phi(x) + x phi(x), with Phi = y / x (1/2 at x = 0).
+      const T cdf = where(eq(x, Scalar(0.0)), Scalar(0.5), div(y, x));
+      const T pdf = mul(exp(mul(mul(x, x), Scalar(-0.5))), Scalar(1.0 / std::sqrt(2.0 * std::numbers::pi)));
+      return mul(g, add(cdf, mul(x, pdf)));
+    }
+    case Unary::silu: {
+      const T s = sigmoid(x);
+      return mul(g, mul(s, add(Scalar(1.0), mul(x, sub(Scalar(1.0), s)))));
+    }
+  }
+  return g;
+}
+
+template <class T>
+void record_unary(const char* name, Unary op, T& out, const T& x) {
+  record_unary(name, out, x, [op](const T& g, const T& x, const T& y) { return unary_grad(op, g, x, y); });
+}
+
+template <class T>
+void record_where(T& out, const T& cond, const T* a, const T* b) {
+  if (!needs_grad<T>({a, b})) return;
+  record<T>("where", out, {&cond, a, b},
+            [c = cond.detach(), sa = a ? a->shape() : Shape(), sb = b ? b->shape() : Shape(), has_a = a != nullptr,
+             has_b = b != nullptr](const T& g) {
+              return std::vector<T>{T(), has_a ? sum_to(where(c, g, Scalar(0.0)), sa) : T(),
+                                    has_b ? sum_to(where(c, Scalar(0.0), g), sb) : T()};
+            });
+}
+
+template <class T>
+void record_clamp(T& out, const T& x, Scalar lo, Scalar hi) {
+  record_unary("clamp", out, x, [lo, hi](const T& g, const T& x, const T&) {
+    return where(logical_and(ge(x, lo), le(x, hi)), g, Scalar(0.0));
+  });
+}
+
+// --- reductions -------------------------------------------------------------------------------
+
+template <class T>
+void record_sum(T& out, const T& x, const std::vector<int64_t>& dims_in, bool keepdim, bool mean_of) {
+  if (!needs_grad<T>({&x})) return;
+  const auto dims = reduced_dims(dims_in, x.ndim());
+  record<T>(mean_of ? "mean" : "sum", out, {&x}, [shape = x.shape(), dims, keepdim, mean_of](const T& g) {
+    const T spread = expand_reduced(g, shape, dims, keepdim);
+    const int64_t n = count_of(shape, dims);
+    return std::vector<T>{mean_of ? div(spread, Scalar(static_cast<double>(n))) : spread};
+  });
+}
+
+template <class T>
+void record_prod(T& out, const T& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  if (!needs_grad<T>({&x})) return;
+  const auto dims = reduced_dims(dims_in, x.ndim());
+  // prod / x: exact where x != 0 (a zero factor would need the product of the others).
+  record<T>("prod", out, {&x}, [x = x.detach(), y = out.detach(), dims, keepdim](const T& g) {
+    const T gy = mul(expand_reduced(g, x.shape(), dims, keepdim), expand_reduced(y, x.shape(), dims, keepdim));
+    return std::vector<T>{div(gy, x)};
+  });
+}
+
+/// amax/amin: the gradient is shared evenly among the elements equal to the extremum.
+template <class T>
+void record_extreme_reduction(const char* name, T& out, const T& x, const std::vector<int64_t>& dims_in, bool keepdim) {
+  if (!needs_grad<T>({&x})) return;
+  const auto dims = reduced_dims(dims_in, x.ndim());
+  record<T>(name, out, {&x}, [x = x.detach(), y = out.detach(), dims, keepdim](const T& g) {
+    const T hit = eq(x, expand_reduced(y, x.shape(), dims, keepdim));
+    const T ones = where(hit, Scalar(1.0), mul(x, Scalar(0.0)));
+    const T count = sum(ones, dims, true);
+    return std::vector<T>{where(hit, div(expand_reduced(g, x.shape(), dims, keepdim), count), Scalar(0.0))};
+  });
+}
+
+template <class T>
+void record_var(T& out, const T& x, const std::vector<int64_t>& dims_in, int64_t correction, bool keepdim) {
+  if (!needs_grad<T>({&x})) return;
+  const auto dims = reduced_dims(dims_in, x.ndim());
+  record<T>("var", out, {&x}, [x = x.detach(), dims, correction, keepdim](const T& g) {
+    const double n = static_cast<double>(count_of(x.shape(), dims) - correction);
+    const T centred = sub(x, mean(x, dims, true));
+    return std::vector<T>{mul(expand_reduced(g, x.shape(), dims, keepdim), mul(centred, Scalar(2.0 / n)))};
+  });
+}
+
+// --- linear algebra ---------------------------------------------------------------------------
+
+template <class T>
+void record_matmul(const char* name, T& out, const T& a, const T& b) {
+  if (!needs_grad<T>({&a, &b})) return;
+  record<T>(name, out, {&a, &b}, [a = a.detach(), b = b.detach()](const T& g) {
+    // 1-d operands as matrices: a [k] -> [1, k], b [k] -> [k, 1]; g gains the matching dims.
+    const T a2 = a.ndim() == 1 ? unsqueeze(a, 0) : a, b2 = b.ndim() == 1 ? unsqueeze(b, 1) : b;
+    T g2 = g;
+    if (a.ndim() == 1 && b.ndim() == 1)
+      g2 = reshape(g, {1, 1});
+    else if (a.ndim() == 1)
+      g2 = unsqueeze(g, g.ndim() - 1);
+    else if (b.ndim() == 1)
+      g2 = unsqueeze(g, g.ndim());
+    const T ga = matmul(g2, transpose(b2, -1, -2)), gb = matmul(transpose(a2, -1, -2), g2);
+    return std::vector<T>{reshape(sum_to(ga, a2.shape()), a.shape()), reshape(sum_to(gb, b2.shape()), b.shape())};
+  });
+}
+
+template <class T>
+void record_linear(T& out, const T& x, const T& w, const std::optional<T>& bias) {
+  const T* b = bias ? &*bias : nullptr;
+  if (!needs_grad<T>({&x, &w, b})) return;
+  record<T>("linear", out, {&x, &w, b}, [x = x.detach(), w = w.detach(), has_bias = b != nullptr](const T& g) {
+    const int64_t out_features = w.shape()[0], in_features = w.shape()[1];
+    const T g2 = reshape(g, {-1, out_features}), x2 = reshape(x, {-1, in_features});
+    return std::vector<T>{matmul(g, w), matmul(transpose(g2, 0, 1), x2), has_bias ? sum(g2, {0}) : T()};
+  });
+}
+
+// --- nn ---------------------------------------------------------------------------------------
+
+template <class T>
+void record_softmax(T& out, const T& x, int64_t dim, bool log_of) {
+  if (!needs_grad<T>({&x})) return;
+  record<T>(log_of ? "log_softmax" : "softmax", out, {&x}, [y = out.detach(), dim, log_of](const T& g) {
+    if (log_of) return std::vector<T>{sub(g, mul(exp(y), sum(g, {dim}, true)))};
+    return std::vector<T>{mul(y, sub(g, sum(mul(g, y), {dim}, true)))};
+  });
+}
+
+/// layer_norm (centred) and rms_norm over the trailing `count` dims, recomputing the statistics.
+template <class T>
+void record_norm(const char* name, T& out, const T& x, int64_t count, const std::optional<T>& weight,
+                 const std::optional<T>& bias, double eps, bool centred) {
+  const T* w = weight ? &*weight : nullptr;
+  const T* b = bias ? &*bias : nullptr;
+  if (!needs_grad<T>({&x, w, b})) return;
+  record<T>(name, out, {&x, w, b},
+            [x = x.detach(), w = weight ? std::optional<T>(weight->detach()) : std::nullopt,
+             bias_shape = b ? b->shape() : Shape(), has_bias = b != nullptr, count, eps, centred](const T& g) {
+              std::vector<int64_t> dims;
+              for (int64_t d = x.ndim() - count; d < x.ndim(); ++d) dims.push_back(d);
+              const T xc = centred ? sub(x, mean(x, dims, true)) : x;
+              const T rstd = rsqrt(add(mean(mul(xc, xc), dims, true), Scalar(eps)));
+              const T xhat = mul(xc, rstd);
+              const T gxhat = w ? mul(g, *w) : g;
+              T inner = sub(gxhat, mul(xhat, mean(mul(gxhat, xhat), dims, true)));
+              if (centred) inner = sub(inner, mean(gxhat, dims, true));
+              return std::vector<T>{mul(rstd, inner), w ? sum_to(mul(g, xhat), w->shape()) : T(),
+                                    has_bias ? sum_to(g, bias_shape) : T()};
+            });
+}
+
+template <class T>
+void record_cat(T& out, const std::vector<T>& inputs, int64_t dim) {
+  if (!needs_grad(inputs)) return;
+  std::vector<const T*> pointers;
+  std::vector<int64_t> sizes;
+  for (const T& t : inputs) {
+    pointers.push_back(&t);
+    sizes.push_back(t.shape()[dim]);
+  }
+  record<T, T>("cat", out, pointers, [sizes, dim](const T& g) {
+    std::vector<T> grads;
+    int64_t start = 0;
+    for (int64_t size : sizes) {
+      grads.push_back(narrow(g, dim, start, size));
+      start += size;
+    }
+    return grads;
+  });
+}
+
+template <class T>
+void record_stack(T& out, const std::vector<T>& inputs, int64_t dim) {
+  if (!needs_grad(inputs)) return;
+  std::vector<const T*> pointers;
+  for (const T& t : inputs) pointers.push_back(&t);
+  record<T, T>("stack", out, pointers, [n = static_cast<int64_t>(inputs.size()), dim](const T& g) {
+    std::vector<T> grads;
+    for (int64_t i = 0; i < n; ++i) grads.push_back(select(g, dim, i));
+    return grads;
+  });
+}
+
+}  // namespace tessera::derivatives

@@ -1,0 +1,476 @@
+// Distributed gradients equal single-device gradients: every differentiable op on DTensor leaves
+// with placements from {R, S(d), P(sum)} on the meshes [4], 2x2 and 2x3 (even, uneven and empty
+// shards) gives each leaf the gradient the Tensor op gives the unsharded input, in the leaf's
+// layout (Partial -> Replicate). Then the adjoints of redistributions, counted with CommDebugMode,
+// and grad_placements on to_local / full_tensor / from_local.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <functional>
+
+#include <tessera/autograd/gradcheck.hpp>
+#include <tessera/debug/comm_debug_mode.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/ops.hpp>
+
+#include "rank_test_util.hpp"
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+
+namespace {
+
+std::vector<std::vector<int64_t>> meshes_for(int n) {
+  switch (n) {
+    case 4:
+      return {{4}, {2, 2}};
+    case 6:
+      return {{2, 3}};
+    default:
+      return {{n}};
+  }
+}
+
+DeviceMesh make_mesh(const std::vector<int64_t>& shape) {
+  static const std::vector<std::string> names = {"a", "b", "c"};
+  return DeviceMesh(shape, std::vector<std::string>(names.begin(), names.begin() + static_cast<long>(shape.size())));
+}
+
+// Distinct values away from the kinks (as in tensor_grad_test), f64 for exact comparisons.
+Tensor values(const Shape& shape, int seed, bool positive = false) {
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) {
+    const double k = static_cast<double>(i + static_cast<size_t>(seed) * 7 + 1);
+    v[i] = (positive ? 0.3 : -1.1) + std::fmod(k * 0.37, positive ? 2.0 : 2.3) + 0.013 * k;
+  }
+  return from_vector(v, shape);
+}
+
+// A leaf DTensor holding `global` with `placements`; a P(sum) mesh dim splits the value into
+// parts (rank 0 of the dim holds block - (k-1) * 0.25, the others 0.25).
+DTensor leaf(const Tensor& global, const DeviceMesh& mesh, const Placements& placements) {
+  const Layout layout(global.shape(), global.dtype(), mesh.spec(), placements);
+  const auto coordinate = mesh.coordinate();
+  const Block block = layout.block(coordinate);
+  Tensor local = global;
+  for (int64_t d = 0; d < global.ndim(); ++d) local = local.narrow(d, block.begin[d], block.end[d] - block.begin[d]);
+  local = local.clone();
+  for (int64_t m = 0; m < mesh.ndim(); ++m) {
+    if (!is_partial(placements[static_cast<size_t>(m)])) continue;
+    const int64_t k = mesh.size(m), c = coordinate[static_cast<size_t>(m)];
+    local = c == 0 ? sub(local, Scalar(0.25 * static_cast<double>(k - 1))) : full(local.shape(), 0.25, local.dtype());
+  }
+  DTensor out(local, mesh, layout);
+  out.requires_grad_();
+  return out;
+}
+
+std::vector<Placements> placements_for(int64_t ndim, int64_t mesh_ndim, bool partial) {
+  std::vector<Placement> choices{Replicate{}};
+  for (int64_t d = 0; d < ndim; ++d) choices.push_back(Shard{d});
+  if (partial) choices.push_back(Partial{});
+  std::vector<Placements> out{{}};
+  for (int64_t m = 0; m < mesh_ndim; ++m) {
+    std::vector<Placements> next;
+    for (const auto& p : out)
+      for (const auto& c : choices) {
+        next.push_back(p);
+        next.back().push_back(c);
+      }
+    out = std::move(next);
+  }
+  return out;
+}
+
+// Output weights (a fixed vector-Jacobian product), the same on every rank.
+Tensor weights_like(const Shape& shape) {
+  std::vector<double> w(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5 + static_cast<double>((i * 37 + 11) % 64) / 64.0;
+  return from_vector(w, shape);
+}
+
+using DOp = std::function<DTensor(const std::vector<DTensor>&)>;
+using LOp = std::function<Tensor(const std::vector<Tensor>&)>;
+
+struct Case {
+  std::vector<Tensor> globals;
+  bool partial = true;
+  size_t max_combos = 40;  // a deterministic sample of the placement combinations per mesh
+};
+
+size_t sample_limit(size_t max_combos) {
+  if (const char* sample = std::getenv("TESSERA_TEST_SAMPLE"))
+    return std::min<size_t>(max_combos, static_cast<size_t>(std::max(1, std::atoi(sample))));
+  return max_combos;
+}
+
+// loss = sum(op(leaves) * w): the leaves' gradients (full_tensor) equal the Tensor gradients.
+void check_grads(const std::string& name, const Case& c, const DOp& dop, const LOp& lop) {
+  std::vector<Tensor> expected;
+  {
+    std::vector<Tensor> inputs;
+    for (const Tensor& g : c.globals) {
+      Tensor t = g.clone();
+      if (is_floating(t.dtype())) t.requires_grad_();
+      inputs.push_back(t);
+    }
+    const Tensor out = lop(inputs);
+    sum(mul(out, weights_like(out.shape()))).backward();
+    for (const Tensor& t : inputs) expected.push_back(t.requires_grad() ? t.grad() : Tensor());
+  }
+  for (const auto& mesh_shape : meshes_for(world_size())) {
+    const DeviceMesh mesh = make_mesh(mesh_shape);
+    std::vector<std::vector<Placements>> options;
+    size_t combos = 1;
+    for (const Tensor& g : c.globals) {
+      options.push_back(is_floating(g.dtype())
+                            ? placements_for(g.ndim(), mesh.ndim(), c.partial)
+                            : std::vector<Placements>{Placements(static_cast<size_t>(mesh.ndim()), Replicate{})});
+      combos *= options.back().size();
+    }
+    const size_t limit = sample_limit(c.max_combos);
+    const size_t stride = std::max<size_t>(1, (combos + limit - 1) / limit);
+    for (size_t index = 0; index < combos; index += stride) {
+      std::vector<DTensor> leaves;
+      std::string text;
+      for (size_t i = 0, rest = index; i < c.globals.size(); ++i) {
+        const Placements& p = options[i][rest % options[i].size()];
+        rest /= options[i].size();
+        text += (text.empty() ? "" : " ") + to_string(p);
+        if (is_floating(c.globals[i].dtype())) {
+          leaves.push_back(leaf(c.globals[i], mesh, p));
+        } else {
+          leaves.push_back(distribute_tensor(c.globals[i], mesh, p));
+        }
+      }
+      const DTensor out = dop(leaves);
+      const DTensor w =
+          distribute_tensor(weights_like(out.shape()), mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate{}));
+      sum(mul(out, w)).backward();
+      for (size_t i = 0; i < leaves.size(); ++i) {
+        if (!expected[i].defined()) continue;
+        const DTensor grad = leaves[i].grad();
+        const bool present = grad.defined();
+        const bool layout_ok = present && grad.layout() == gradient_layout(leaves[i].layout());
+        const Tensor got = present ? grad.full_tensor() : Tensor();
+        const bool ok = layout_ok && allclose(got, expected[i], 1e-9, 1e-9);
+        EXPECT_TRUE(ok) << name << " on mesh " << mesh.to_string() << " with inputs " << text << ": gradient of input "
+                        << i << (present ? " in " + grad.layout().to_string() : std::string(" missing")) << " (rank "
+                        << rank() << ")\ngot " << (present ? got.to_string() : "-") << "\nexpected " << expected[i];
+        if (!ok) return;  // one report per op and mesh
+      }
+    }
+  }
+}
+
+const std::vector<int> kWorlds = {4, 6};
+
+}  // namespace
+
+TEST(DTensorGrad, ElementwiseOps) {
+  for_each_world(kWorlds, [] {
+    const Tensor a = values({5, 3}, 1), b = values({5, 3}, 2), row = values({3}, 3), p = values({5, 3}, 4, true);
+    check_grads(
+        "add", {{a, b}}, [](auto& x) { return add(x[0], x[1]); }, [](auto& x) { return add(x[0], x[1]); });
+    check_grads(
+        "sub bcast", {{a, row}}, [](auto& x) { return sub(x[0], x[1]); }, [](auto& x) { return sub(x[0], x[1]); });
+    check_grads(
+        "mul", {{a, b}}, [](auto& x) { return mul(x[0], x[1]); }, [](auto& x) { return mul(x[0], x[1]); });
+    check_grads(
+        "div", {{a, p}}, [](auto& x) { return div(x[0], x[1]); }, [](auto& x) { return div(x[0], x[1]); });
+    check_grads(
+        "pow", {{p, row}}, [](auto& x) { return pow(x[0], x[1]); }, [](auto& x) { return pow(x[0], x[1]); });
+    check_grads(
+        "maximum", {{a, b}}, [](auto& x) { return maximum(x[0], x[1]); }, [](auto& x) { return maximum(x[0], x[1]); });
+    check_grads(
+        "scalars", {{a}}, [](auto& x) { return 2.0 - x[0] * 3.0 + pow(x[0], 2.0) / 4.0 + maximum(x[0], 0.1); },
+        [](auto& x) { return 2.0 - x[0] * 3.0 + pow(x[0], 2.0) / 4.0 + maximum(x[0], 0.1); });
+    check_grads(
+        "rdiv rpow", {{p}}, [](auto& x) { return div(1.5, x[0]) + pow(1.3, x[0]); },
+        [](auto& x) { return div(1.5, x[0]) + pow(1.3, x[0]); });
+    for (const auto& [name, d, l] : std::vector<
+             std::tuple<std::string, std::function<DTensor(const DTensor&)>, std::function<Tensor(const Tensor&)>>>{
+             {"exp tanh", [](const DTensor& x) { return exp(x) * tanh(x); },
+              [](const Tensor& x) { return exp(x) * tanh(x); }},
+             {"gelu silu", [](const DTensor& x) { return gelu(x) + silu(x); },
+              [](const Tensor& x) { return gelu(x) + silu(x); }},
+             {"sigmoid relu abs", [](const DTensor& x) { return sigmoid(x) * relu(x) + abs(x); },
+              [](const Tensor& x) { return sigmoid(x) * relu(x) + abs(x); }},
+             {"sin cos neg clamp", [](const DTensor& x) { return sin(x) - cos(neg(x)) + clamp(x, -0.5, 0.5); },
+              [](const Tensor& x) { return sin(x) - cos(neg(x)) + clamp(x, -0.5, 0.5); }}})
+      check_grads(
+          name, {{a}}, [d = d](auto& x) { return d(x[0]); }, [l = l](auto& x) { return l(x[0]); });
+    check_grads(
+        "log sqrt rsqrt", {{p}}, [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]); },
+        [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]); });
+    const Tensor cond = gt(values({5, 3}, 5), Scalar(0.0));
+    check_grads(
+        "where", {{a, b, cond}}, [](auto& x) { return where(x[2], x[0], x[1]) + masked_fill(x[0], x[2], 1.0); },
+        [](auto& x) { return where(x[2], x[0], x[1]) + masked_fill(x[0], x[2], 1.0); });
+  });
+}
+
+TEST(DTensorGrad, Reductions) {
+  for_each_world(kWorlds, [] {
+    const Tensor x = values({5, 4}, 6), p = values({5, 4}, 7, true);
+    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{}, {0}, {1}}) {
+      for (bool keep : {false, true}) {
+        check_grads(
+            "sum", {{x}}, [&](auto& t) { return sum(t[0], dims, keep); },
+            [&](auto& t) { return sum(t[0], dims, keep); });
+        check_grads(
+            "mean", {{x}}, [&](auto& t) { return mean(t[0], dims, keep); },
+            [&](auto& t) { return mean(t[0], dims, keep); });
+        check_grads(
+            "amax amin", {{x}}, [&](auto& t) { return amax(t[0], dims, keep) + amin(t[0], dims, keep); },
+            [&](auto& t) { return amax(t[0], dims, keep) + amin(t[0], dims, keep); });
+        check_grads(
+            "prod", {{p}}, [&](auto& t) { return prod(t[0], dims, keep); },
+            [&](auto& t) { return prod(t[0], dims, keep); });
+        check_grads(
+            "var", {{x}}, [&](auto& t) { return var(t[0], dims, 1, keep); },
+            [&](auto& t) { return var(t[0], dims, 1, keep); });
+      }
+    }
+  });
+}
+
+TEST(DTensorGrad, MatmulLinearAndNn) {
+  for_each_world(kWorlds, [] {
+    check_grads(
+        "matmul", {{values({5, 3}, 8), values({3, 4}, 9)}}, [](auto& x) { return matmul(x[0], x[1]); },
+        [](auto& x) { return matmul(x[0], x[1]); });
+    check_grads(
+        "matmul batch", {{values({2, 5, 3}, 10), values({3, 4}, 11)}}, [](auto& x) { return matmul(x[0], x[1]); },
+        [](auto& x) { return matmul(x[0], x[1]); });
+    check_grads(
+        "matmul 1-d", {{values({3}, 12), values({3, 4}, 13)}}, [](auto& x) { return matmul(x[0], x[1]); },
+        [](auto& x) { return matmul(x[0], x[1]); });
+    check_grads(
+        "bmm", {{values({3, 5, 2}, 14), values({3, 2, 4}, 15)}}, [](auto& x) { return bmm(x[0], x[1]); },
+        [](auto& x) { return bmm(x[0], x[1]); });
+    check_grads(
+        "linear", {{values({5, 3}, 16), values({4, 3}, 17), values({4}, 18)}},
+        [](auto& x) { return linear(x[0], x[1], x[2]); }, [](auto& x) { return linear(x[0], x[1], x[2]); });
+    check_grads(
+        "softmax", {{values({5, 6}, 19)}}, [](auto& x) { return softmax(x[0], 1) + log_softmax(x[0], 0); },
+        [](auto& x) { return softmax(x[0], 1) + log_softmax(x[0], 0); });
+    check_grads(
+        "layer_norm", {{values({5, 6}, 20), values({6}, 21), values({6}, 22)}},
+        [](auto& x) { return layer_norm(x[0], {6}, x[1], x[2]); },
+        [](auto& x) { return layer_norm(x[0], {6}, x[1], x[2]); });
+    check_grads(
+        "rms_norm", {{values({5, 6}, 23), values({6}, 24)}}, [](auto& x) { return rms_norm(x[0], {6}, x[1]); },
+        [](auto& x) { return rms_norm(x[0], {6}, x[1]); });
+    const Tensor ids = from_vector(std::vector<int64_t>{2, 0, 6, 4, 1, 2, 6}, Shape{7});
+    check_grads(
+        "embedding", {{values({7, 3}, 25), ids}}, [](auto& x) { return embedding(x[0], x[1]); },
+        [](auto& x) { return embedding(x[0], x[1]); });
+    const Tensor target = from_vector(std::vector<int64_t>{1, 4, -100, 0, 5}, Shape{5});
+    check_grads(
+        "cross_entropy", {{values({5, 6}, 26), target}}, [](auto& x) { return cross_entropy(x[0], x[1]); },
+        [](auto& x) { return cross_entropy(x[0], x[1]); });
+  });
+}
+
+TEST(DTensorGrad, ViewsAndJoins) {
+  for_each_world(kWorlds, [] {
+    const Tensor x = values({4, 6}, 27), y = values({4, 6}, 28);
+    check_grads(
+        "reshape", {{x}},
+        [](auto& t) {
+          return reshape(t[0], {2, 12});
+        },
+        [](auto& t) {
+          return reshape(t[0], {2, 12});
+        });
+    check_grads(
+        "transpose", {{x}}, [](auto& t) { return transpose(t[0], 0, 1); },
+        [](auto& t) { return transpose(t[0], 0, 1); });
+    check_grads(
+        "narrow", {{x}}, [](auto& t) { return narrow(t[0], 1, 1, 3); }, [](auto& t) { return narrow(t[0], 1, 1, 3); });
+    check_grads(
+        "select", {{x}}, [](auto& t) { return select(t[0], 0, 2); }, [](auto& t) { return select(t[0], 0, 2); });
+    check_grads(
+        "expand", {{values({1, 6}, 29)}},
+        [](auto& t) {
+          return expand(t[0], {4, 6});
+        },
+        [](auto& t) {
+          return expand(t[0], {4, 6});
+        });
+    check_grads(
+        "cat stack", {{x, y}},
+        [](auto& t) {
+          return cat({t[0], t[1]}, 1) + cat({t[1], t[0]}, 1);
+        },
+        [](auto& t) {
+          return cat({t[0], t[1]}, 1) + cat({t[1], t[0]}, 1);
+        });
+    check_grads(
+        "stack", {{x, y}},
+        [](auto& t) {
+          return stack({t[0], t[1]}, 0);
+        },
+        [](auto& t) {
+          return stack({t[0], t[1]}, 0);
+        });
+    check_grads(
+        "split", {{x}},
+        [](auto& t) {
+          const auto p = split(t[0], 4, 1);
+          return mul(narrow(p[0], 1, 0, 2), p[1]);
+        },
+        [](auto& t) {
+          const auto p = split(t[0], 4, 1);
+          return mul(narrow(p[0], 1, 0, 2), p[1]);
+        });
+  });
+}
+
+namespace {
+
+const Placements S0{Shard{0}}, R{Replicate{}}, P{Partial{}};
+
+// Runs the backward of `loss` under CommDebugMode and returns the collective counts.
+std::map<CollectiveKind, int64_t> backward_counts(const DTensor& loss) {
+  CommDebugMode mode;
+  loss.backward();
+  return mode.counts();
+}
+
+int64_t count_of(const std::map<CollectiveKind, int64_t>& counts, CollectiveKind kind) {
+  const auto it = counts.find(kind);
+  return it == counts.end() ? 0 : it->second;
+}
+
+}  // namespace
+
+TEST(DTensorGrad, RedistributionAdjoints) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    const DeviceMesh mesh({n}, {"x"});
+    const Tensor global = values({8, 3}, 30), w = weights_like({8, 3});
+    const DTensor wr = distribute_tensor(w, mesh, R);
+    {  // Shard -> Replicate (all_gather) <-> reduce_scatter of the Partial gradient.
+      DTensor x = distribute_tensor(global, mesh, S0);
+      x.requires_grad_();
+      // Each rank's local loss differs: its gradient is a Partial contribution.
+      const Tensor local = x.redistribute(R).to_local({P});
+      const Tensor mine = mul(local, Scalar(static_cast<double>(rank() + 1)));
+      const Tensor loss = sum(mul(mine, w));
+      CommDebugMode mode;
+      loss.backward();
+      EXPECT_EQ(mode.count(CollectiveKind::reduce_scatter) + mode.count(CollectiveKind::reduce_scatter_v), 1);
+      EXPECT_EQ(mode.count(CollectiveKind::all_reduce), 0);
+      EXPECT_EQ(x.grad().placements(), S0);
+      EXPECT_TRUE(allclose(x.grad().full_tensor(), mul(w, Scalar(n * (n + 1) / 2.0))));  // 1 + 2 + ... + n
+    }
+    {  // Replicate -> Shard (local chunk) <-> all_gather.
+      DTensor x = distribute_tensor(global, mesh, R);
+      x.requires_grad_();
+      // With the weights sharded, the gradient arrives as Shard(0): its adjoint gathers it.
+      const auto counts = backward_counts(sum(mul(x.redistribute(S0), distribute_tensor(w, mesh, S0))));
+      EXPECT_EQ(count_of(counts, CollectiveKind::all_gather) + count_of(counts, CollectiveKind::all_gather_v), 1);
+      EXPECT_EQ(x.grad().placements(), R);
+      EXPECT_TRUE(allclose(x.grad().to_local(), w));
+    }
+    {  // Partial -> Replicate (all_reduce) <-> identity into Replicate: no collective for it.
+      DTensor x = DTensor::from_local(full({8, 3}, 1.0 / n, DType::f64), mesh, P);
+      x.requires_grad_();
+      const DTensor y = x.redistribute(R);
+      EXPECT_TRUE(allclose(y.to_local(), full({8, 3}, 1.0, DType::f64)));
+      const auto counts = backward_counts(sum(mul(y, wr)));
+      EXPECT_EQ(count_of(counts, CollectiveKind::all_reduce) + count_of(counts, CollectiveKind::reduce_scatter) +
+                    count_of(counts, CollectiveKind::all_gather),
+                0);
+      EXPECT_EQ(x.grad().placements(), R);
+      EXPECT_TRUE(allclose(x.grad().to_local(), w));
+    }
+  });
+}
+
+TEST(DTensorGrad, GradPlacementsOfToLocalFullTensorAndFromLocal) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    const int64_t rows = 8 / n;
+    const DeviceMesh mesh({n}, {"x"});
+    const Tensor global = values({8, 2}, 31), w = weights_like({8, 2});
+    {  // full_tensor: by default every rank computes the same loss (Replicate gradient).
+      DTensor x = distribute_tensor(global, mesh, S0);
+      x.requires_grad_();
+      sum(mul(x.full_tensor(), w)).backward();
+      EXPECT_TRUE(allclose(x.grad().full_tensor(), w));
+      EXPECT_EQ(x.grad().placements(), S0);
+    }
+    {  // full_tensor with Partial grad_placements: the ranks' gradients add up.
+      DTensor x = distribute_tensor(global, mesh, S0);
+      x.requires_grad_();
+      sum(mul(x.full_tensor({P}), w)).backward();
+      EXPECT_TRUE(allclose(x.grad().full_tensor(), mul(w, Scalar(static_cast<double>(n)))));
+    }
+    {  // from_local: a local Tensor leaf gets its piece of the DTensor's gradient.
+      Tensor local = values({rows, 2}, 32 + rank()).requires_grad_();
+      const DTensor x = DTensor::from_local(local, mesh, S0);
+      EXPECT_TRUE(x.requires_grad());
+      EXPECT_EQ(x.grad_fn_name(), "from_local");
+      const DTensor wd = distribute_tensor(w, mesh, R);
+      sum(mul(x, wd)).backward();
+      EXPECT_TRUE(allclose(local.grad(), w.narrow(0, rows * rank(), rows)));
+    }
+    {  // from_local of a Replicate local: the gradient of the global value, on every rank.
+      Tensor local = values({8, 2}, 40).requires_grad_();
+      const DTensor x = DTensor::from_local(local, mesh, R);
+      sum(mul(x.redistribute(S0), distribute_tensor(w, mesh, S0))).backward();
+      EXPECT_TRUE(allclose(local.grad(), w));
+    }
+    {  // to_local with the default grad_placements: the local's gradient is this rank's piece.
+      DTensor x = distribute_tensor(global, mesh, S0);
+      x.requires_grad_();
+      sum(mul(x.to_local(), w.narrow(0, rows * rank(), rows))).backward();
+      EXPECT_TRUE(allclose(x.grad().full_tensor(), w));
+    }
+  });
+}
+
+TEST(DTensorGrad, LeavesAndErrors) {
+  for_each_world({4}, [] {
+    const DeviceMesh mesh({2, world_size() / 2}, {"dp", "tp"});
+    DTensor x = distribute_tensor(values({4, 4}, 33), mesh, {Shard{0}, Replicate{}});
+    EXPECT_FALSE(x.requires_grad());
+    x.requires_grad_();
+    EXPECT_TRUE(x.is_leaf());
+    const DTensor y = mul(x, x);
+    EXPECT_EQ(y.grad_fn_name(), "mul");
+    EXPECT_FALSE(x.grad().defined());
+    sum(y).backward();
+    sum(y).backward();  // accumulates
+    EXPECT_TRUE(allclose(x.grad().full_tensor(), mul(values({4, 4}, 33), Scalar(4.0))));
+    x.set_grad(DTensor());
+    EXPECT_FALSE(x.grad().defined());
+    EXPECT_FALSE(x.detach().requires_grad());
+    {
+      autograd::NoGradGuard no_grad;
+      EXPECT_FALSE(mul(x, x).requires_grad());
+    }
+    // distribute_tensor of a Tensor that requires a gradient is a leaf that requires one.
+    Tensor t = values({4, 4}, 34).requires_grad_();
+    const DTensor d = distribute_tensor(t, mesh, {Replicate{}, Shard{1}});
+    EXPECT_TRUE(d.requires_grad());
+    EXPECT_TRUE(d.is_leaf());
+    DTensor ints = distribute_tensor(arange(4), mesh, {Replicate{}, Replicate{}});
+    EXPECT_TRUE(throws_with<ShardingError>([&] { ints.requires_grad_(); }, {"[DTensor::requires_grad_]", "floating"}));
+    EXPECT_TRUE(throws_with<ShardingError>([&] { y.backward(); }, {"[DTensor::backward]", "one-element"}));
+    EXPECT_TRUE(
+        throws_with<ShardingError>([&] { x.detach().backward(); }, {"[DTensor::backward]", "does not require"}));
+    EXPECT_TRUE(throws_with<ShardingError>(
+        [&] {
+          (void)x.full_tensor({Shard{0}, Replicate{}});
+        },
+        {"[DTensor::full_tensor]", "grad_placements", "Replicate or Partial"}));
+    EXPECT_TRUE(
+        throws_with<ShardingError>([&] { (void)y.reduce({"dp"}); }, {"[DTensor::reduce]", "not differentiable"}));
+  });
+}
