@@ -2,7 +2,8 @@
 # Targets are phony and re-entrant: running one again is an incremental build.
 #
 #   make demo                        install missing deps, build, run examples/tensor_demo,
-#                                    examples/mesh_demo and examples/dtensor_demo (4 in-process ranks)
+#                                    examples/mesh_demo, examples/dtensor_demo and the main example
+#                                    examples/train_lm (4 in-process ranks)
 #   make test                        install missing deps, build everything, run every test
 #   make bench                       Release build, run the benchmark binaries (and, when built
 #                                    with MPI, tessera_comm_bench under mpirun -np 2 and -np 4)
@@ -73,10 +74,11 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 demo: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo mesh_demo dtensor_demo
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo mesh_demo dtensor_demo train_lm
 	$(BUILD_DIR)/examples/tensor_demo
 	$(BUILD_DIR)/examples/mesh_demo --ranks 4
 	$(BUILD_DIR)/examples/dtensor_demo --ranks 4
+	$(BUILD_DIR)/examples/train_lm --ranks 4
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <numeric>
@@ -147,6 +148,31 @@ std::string Communicator::to_string() const {
   return out.str();
 }
 
+namespace {
+
+// Reports a blocking call's wall time to the observers when it returns (or throws).
+class TimedCall {
+ public:
+  TimedCall(const Communicator& comm, const CollectiveCall& call) : comm_(comm), call_(call), timed_(!observers.empty()) {
+    if (timed_) start_ = std::chrono::steady_clock::now();
+  }
+  ~TimedCall() {
+    if (!timed_) return;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    for (auto it = observers.rbegin(); it != observers.rend(); ++it) (*it)->on_done(comm_, call_, seconds);
+  }
+  TimedCall(const TimedCall&) = delete;
+  TimedCall& operator=(const TimedCall&) = delete;
+
+ private:
+  const Communicator& comm_;
+  const CollectiveCall& call_;
+  bool timed_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
 void Communicator::enter(CollectiveCall& call) {
   // Point-to-point calls are numbered apart: only the collectives must agree across the group.
   const bool p2p = call.kind == CollectiveKind::send || call.kind == CollectiveKind::recv;
@@ -248,6 +274,7 @@ void Communicator::all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op
   CollectiveCall call = all_reduce_call(*this, "all_reduce", buf, count, dtype, op);
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_all_reduce(buf, count, dtype, op, call);
 }
 
@@ -255,6 +282,7 @@ void Communicator::all_gather(const void* send, void* recv, int64_t count, DType
   CollectiveCall call = all_gather_call(*this, "all_gather", send, recv, count, dtype);
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_all_gather(send, recv, count, dtype, call);
 }
 
@@ -268,6 +296,7 @@ void Communicator::all_gather_v(const void* send, void* recv, const std::vector<
                       own * itemsize(dtype) * (size() - 1), (all - own) * itemsize(dtype)};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_all_gather_v(send, recv, recv_counts, dtype, call);
 }
 
@@ -275,6 +304,7 @@ void Communicator::reduce_scatter(const void* send, void* recv, int64_t recv_cou
   CollectiveCall call = reduce_scatter_call(*this, "reduce_scatter", send, recv, recv_count, dtype, op);
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_reduce_scatter(send, recv, recv_count, dtype, op, call);
 }
 
@@ -290,6 +320,7 @@ void Communicator::reduce_scatter_v(const void* send, void* recv, const std::vec
                       own * itemsize(dtype) * (size() - 1)};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_reduce_scatter_v(send, recv, counts, dtype, op, call);
 }
 
@@ -302,6 +333,7 @@ void Communicator::all_to_all(const void* send, void* recv, int64_t count, DType
   CollectiveCall call{CollectiveKind::all_to_all, dtype, count * size(), ReduceOp::sum, -1, bytes, bytes};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_all_to_all(send, recv, count, dtype, call);
 }
 
@@ -310,6 +342,7 @@ void Communicator::all_to_all_v(const void* send, const std::vector<int64_t>& se
   CollectiveCall call = all_to_all_v_call(*this, "all_to_all_v", send, send_counts, recv, recv_counts, dtype);
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_all_to_all_v(send, send_counts, recv, recv_counts, dtype, call);
 }
 
@@ -323,6 +356,7 @@ void Communicator::broadcast(void* buf, int64_t count, DType dtype, int root) {
                       rank_ == root ? bytes * (size() - 1) : 0, rank_ == root ? 0 : bytes};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_broadcast(buf, count, dtype, root, call);
 }
 
@@ -338,6 +372,7 @@ void Communicator::reduce(const void* send, void* recv, int64_t count, DType dty
                       rank_ == root ? bytes * (size() - 1) : 0};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_reduce(send, recv, count, dtype, op, root, call);
 }
 
@@ -352,6 +387,7 @@ void Communicator::gather(const void* send, void* recv, int64_t count, DType dty
                       rank_ == root ? bytes * (size() - 1) : 0};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_gather(send, recv, count, dtype, root, call);
 }
 
@@ -366,6 +402,7 @@ void Communicator::scatter(const void* send, void* recv, int64_t count, DType dt
                       rank_ == root ? bytes * (size() - 1) : 0, rank_ == root ? 0 : bytes};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_scatter(send, recv, count, dtype, root, call);
 }
 
@@ -378,6 +415,7 @@ void Communicator::send(const void* buf, int64_t count, DType dtype, int peer, i
   CollectiveCall call{CollectiveKind::send, dtype, count, ReduceOp::sum, peer, count * itemsize(dtype), 0};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_send(buf, count, dtype, peer, tag, call);
 }
 
@@ -390,6 +428,7 @@ void Communicator::recv(void* buf, int64_t count, DType dtype, int peer, int tag
   CollectiveCall call{CollectiveKind::recv, dtype, count, ReduceOp::sum, peer, 0, count * itemsize(dtype)};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_recv(buf, count, dtype, peer, tag, call);
 }
 
@@ -397,6 +436,7 @@ void Communicator::barrier() {
   CollectiveCall call{CollectiveKind::barrier};
   synchronize();
   enter(call);
+  const TimedCall timed(*this, call);
   do_barrier(call);
 }
 

@@ -133,6 +133,11 @@ class CommObserver {
   virtual ~CommObserver() = default;
   /// Called once per call, on the issuing thread, before it runs.
   virtual void on_call(const Communicator& comm, const CollectiveCall& call) = 0;
+  /// Called when a blocking call returns (not for async forms), with its wall time in seconds:
+  /// the transfer and any wait for the other ranks to arrive.
+  virtual void on_done(const Communicator& comm, const CollectiveCall& call, double seconds) {
+    (void)comm, (void)call, (void)seconds;
+  }
 };
 /// Registers an observer for the calling thread (the innermost sees calls first; all see them).
 void add_comm_observer(CommObserver* observer);

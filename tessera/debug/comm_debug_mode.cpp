@@ -15,6 +15,21 @@ CommDebugMode::~CommDebugMode() { remove_comm_observer(this); }
 
 void CommDebugMode::on_call(const Communicator& /*comm*/, const CollectiveCall& call) { calls_.push_back(call); }
 
+void CommDebugMode::on_done(const Communicator& /*comm*/, const CollectiveCall& call, double seconds) {
+  seconds_[call.kind] += seconds;
+}
+
+double CommDebugMode::seconds(CollectiveKind kind) const {
+  const auto it = seconds_.find(kind);
+  return it == seconds_.end() ? 0.0 : it->second;
+}
+
+double CommDebugMode::total_seconds() const {
+  double total = 0;
+  for (const auto& [kind, s] : seconds_) total += s;
+  return total;
+}
+
 // The accessors scan calls_ instead of keeping per-kind totals: a debug scope records few calls,
 // and one source of truth cannot drift from calls().
 int64_t CommDebugMode::count(CollectiveKind kind) const {
@@ -53,7 +68,10 @@ std::map<CollectiveKind, int64_t> CommDebugMode::counts() const {
   return out;
 }
 
-void CommDebugMode::reset() { calls_.clear(); }
+void CommDebugMode::reset() {
+  calls_.clear();
+  seconds_.clear();
+}
 
 std::string CommDebugMode::to_string() const {
   if (calls_.empty()) return "no communication";

@@ -62,11 +62,18 @@ class CommDebugMode final : public CommObserver {
   ///   total           1          24              24
   std::string to_string() const;
 
-  /// CommObserver hook: records the call.
+  /// Wall seconds this rank spent inside blocking calls of one kind (waiting for peers included).
+  double seconds(CollectiveKind kind) const;
+  /// Wall seconds inside blocking calls, over all kinds.
+  double total_seconds() const;
+
+  /// CommObserver hooks: record the call and its time.
   void on_call(const Communicator& comm, const CollectiveCall& call) override;
+  void on_done(const Communicator& comm, const CollectiveCall& call, double seconds) override;
 
  private:
   std::vector<CollectiveCall> calls_;
+  std::map<CollectiveKind, double> seconds_;
 };
 
 }  // namespace tessera

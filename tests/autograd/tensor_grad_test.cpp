@@ -173,6 +173,15 @@ TEST(TensorGrad, ViewsAndJoins) {
       x);
 }
 
+TEST(TensorGrad, DropoutWithAFixedMask) {
+  // The mask is a pure function of the seed: reseeding before each call keeps fn deterministic.
+  EXPECT_GRADCHECK([](Inputs t) {
+    manual_seed(11);
+    return dropout(t[0], 0.4, true);
+  }, values({4, 5}, 37));
+  EXPECT_GRADCHECK([](Inputs t) { return dropout(t[0], 0.4, false); }, values({4, 5}, 38));
+}
+
 TEST(TensorGrad, GradcheckCatchesAWrongDerivative) {
   // A recorded op whose backward is off by a factor of two must fail the check.
   const auto doubled_wrongly = [](Inputs t) {

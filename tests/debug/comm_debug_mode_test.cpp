@@ -2,10 +2,12 @@
 // on threads worlds of several sizes or the MPI world.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include <tessera/comm/communicator.hpp>
@@ -166,6 +168,25 @@ TEST(CommDebugMode, ResetForgetsCallsAndKeepsRecording) {
     EXPECT_EQ(mode.to_string(), "no communication");
     world().barrier();
     EXPECT_EQ(mode.counts(), (std::map<CollectiveKind, int64_t>{{CollectiveKind::barrier, 1}}));
+  });
+}
+
+TEST(CommDebugMode, TimesBlockingCallsIncludingTheWaitForPeers) {
+  for_each_world({2}, [] {
+    CommDebugMode mode;
+    EXPECT_EQ(mode.total_seconds(), 0.0);
+    // Rank 0 arrives late: rank 1's all_reduce waits for it, and that wait is communication time.
+    if (rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    float x = 1.0f;
+    world().all_reduce(&x, 1, DType::f32, ReduceOp::sum);
+    EXPECT_GT(mode.seconds(CollectiveKind::all_reduce), 0.0);
+    EXPECT_EQ(mode.seconds(CollectiveKind::all_gather), 0.0);
+    EXPECT_EQ(mode.total_seconds(), mode.seconds(CollectiveKind::all_reduce));
+    if (rank() == 1) {
+      EXPECT_GE(mode.total_seconds(), 0.04);  // it waited for rank 0
+    }
+    mode.reset();
+    EXPECT_EQ(mode.total_seconds(), 0.0);
   });
 }
 

@@ -1,0 +1,120 @@
+#pragma once
+// Layers on DTensor: Linear, Embedding, LayerNorm, RMSNorm, MLP, causal multi-head attention, a
+// pre-norm transformer block and a small decoder-only language model. Parameters start
+// Replicate on every mesh dim, initialised from the default generator (manual_seed) so that a
+// model built after the same seed has the same values on any mesh; parallelize_module and
+// fully_shard then move them.
+#include <memory>
+#include <vector>
+
+#include <tessera/nn/module.hpp>
+
+namespace tessera::nn {
+
+/// y = x W^T + b, W [out, in] uniform in +-1/sqrt(in) (PyTorch's default), b likewise.
+class Linear : public Module {
+ public:
+  Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::f32);
+  DTensor forward(const DTensor& x) const;
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  int64_t in_, out_;
+  bool bias_;
+};
+
+/// Rows of a [num, dim] table (normal(0, 1) init) looked up by integer indices.
+class Embedding : public Module {
+ public:
+  Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, DType dtype = DType::f32);
+  DTensor forward(const DTensor& indices) const;
+};
+
+/// Normalisation over the last dim, with a weight (ones) and, for LayerNorm, a bias (zeros).
+class LayerNorm : public Module {
+ public:
+  LayerNorm(const DeviceMesh& mesh, int64_t dim, double eps = 1e-5, DType dtype = DType::f32);
+  DTensor forward(const DTensor& x) const;
+
+ private:
+  int64_t dim_;
+  double eps_;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(const DeviceMesh& mesh, int64_t dim, double eps = 1e-6, DType dtype = DType::f32);
+  DTensor forward(const DTensor& x) const;
+
+ private:
+  int64_t dim_;
+  double eps_;
+};
+
+/// fc2(gelu(fc1(x))): the Megatron pair (fc1 column-parallel, fc2 row-parallel).
+class MLP : public Module {
+ public:
+  MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, DType dtype = DType::f32);
+  DTensor forward(const DTensor& x) const;
+
+ private:
+  std::shared_ptr<Linear> fc1_, fc2_;
+};
+
+/// Causal self-attention over [batch, seq, dim] with `heads` heads: q, k, v and o projections.
+/// With q/k/v column-parallel and o row-parallel the heads are split over the mesh dim and
+/// nothing moves until o's reduction.
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(const DeviceMesh& mesh, int64_t dim, int64_t heads, DType dtype = DType::f32);
+  DTensor forward(const DTensor& x) const;
+
+ private:
+  int64_t dim_, heads_;
+  std::shared_ptr<Linear> q_, k_, v_, o_;
+};
+
+/// x + attn(norm1(x)), then x + mlp(norm2(x)) (pre-norm, RMSNorm).
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const DeviceMesh& mesh, int64_t dim, int64_t heads, int64_t hidden, DType dtype = DType::f32);
+  DTensor forward(const DTensor& x) const;
+
+ private:
+  std::shared_ptr<RMSNorm> norm1_, norm2_;
+  std::shared_ptr<MultiheadAttention> attn_;
+  std::shared_ptr<MLP> mlp_;
+};
+
+struct TransformerConfig {
+  int64_t vocab = 64;
+  int64_t dim = 32;
+  int64_t heads = 4;
+  int64_t layers = 2;
+  int64_t max_seq = 16;
+  int64_t hidden = 128;
+  DType dtype = DType::f32;
+};
+
+/// A decoder-only language model: token and position embeddings, `layers` blocks, a final
+/// RMSNorm and an untied output head. Submodule paths: tok, pos, blocks.<i>.{norm1, attn.{q,k,v,o},
+/// norm2, mlp.{fc1, fc2}}, norm, head.
+class TransformerLM : public Module {
+ public:
+  TransformerLM(const DeviceMesh& mesh, const TransformerConfig& config);
+  /// Logits [batch, seq, vocab] for token ids [batch, seq].
+  DTensor forward(const DTensor& tokens) const;
+  /// Mean next-token cross-entropy of forward(tokens) against targets [batch, seq].
+  DTensor loss(const DTensor& tokens, const DTensor& targets) const;
+  const TransformerConfig& config() const { return config_; }
+
+ private:
+  TransformerConfig config_;
+  std::shared_ptr<Embedding> tok_, pos_;
+  std::vector<std::shared_ptr<TransformerBlock>> blocks_;
+  std::shared_ptr<RMSNorm> norm_;
+  std::shared_ptr<Linear> head_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,118 @@
+// nn::Module bookkeeping: paths, layouts, the input/output moves of parallel styles.
+#include <tessera/nn/module.hpp>
+
+#include <tessera/core/autograd.hpp>
+#include <tessera/dtensor/ops.hpp>
+
+namespace tessera::nn {
+
+namespace {
+
+// `x` with placement `p` on mesh dim m (negative Shard dims count from x's last dim).
+DTensor with_placement(const DTensor& x, int64_t m, Placement p) {
+  if (auto* shard = std::get_if<Shard>(&p); shard && shard->dim < 0) shard->dim += x.ndim();
+  Placements placements = x.placements();
+  if (placements[static_cast<size_t>(m)] == p) return x;
+  placements[static_cast<size_t>(m)] = p;
+  return x.redistribute(placements);
+}
+
+DTensor moved(const DTensor& x, const std::vector<std::optional<Placement>>& targets) {
+  DTensor out = x;
+  for (size_t m = 0; m < targets.size(); ++m)
+    if (targets[m]) out = with_placement(out, static_cast<int64_t>(m), *targets[m]);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out{{"", this}};
+  for (auto& [name, child] : children_)
+    for (auto& [path, module] : child->named_modules()) out.emplace_back(path.empty() ? name : name + "." + path, module);
+  return out;
+}
+
+std::vector<std::pair<std::string, DTensor*>> Module::named_parameters() {
+  std::vector<std::pair<std::string, DTensor*>> out;
+  for (auto& [path, module] : named_modules())
+    for (auto& slot : module->params_) out.emplace_back(path.empty() ? slot->name : path + "." + slot->name, &slot->value);
+  return out;
+}
+
+std::vector<DTensor*> Module::parameters() {
+  std::vector<DTensor*> out;
+  for (auto& [name, p] : named_parameters()) out.push_back(p);
+  return out;
+}
+
+Module& Module::submodule(const std::string& path) {
+  for (auto& [name, module] : named_modules())
+    if (name == path) return *module;
+  TESSERA_CHECK(false, ValueError, "Module::submodule", "no submodule at path '", path, "'");
+  return *this;
+}
+
+void Module::zero_grad() {
+  for (DTensor* p : parameters()) p->set_grad(DTensor());
+}
+
+int64_t Module::num_parameters() {
+  int64_t n = 0;
+  for (DTensor* p : parameters()) n += p->numel();
+  return n;
+}
+
+DTensor& Module::register_parameter(std::string name, DTensor value) {
+  value = value.detach();
+  value.requires_grad_();
+  params_.push_back(std::make_unique<Slot>(Slot{std::move(name), std::move(value), std::nullopt}));
+  return params_.back()->value;
+}
+
+Module::Slot& Module::slot(const std::string& name) {
+  for (auto& s : params_)
+    if (s->name == name) return *s;
+  TESSERA_CHECK(false, ValueError, "Module::parameter", "no parameter '", name, "' in this module");
+  return *params_.front();
+}
+const Module::Slot& Module::slot(const std::string& name) const { return const_cast<Module*>(this)->slot(name); }
+
+std::vector<std::string> Module::parameter_names() const {
+  std::vector<std::string> out;
+  for (const auto& s : params_) out.push_back(s->name);
+  return out;
+}
+
+DTensor& Module::parameter(const std::string& name) { return slot(name).value; }
+
+void Module::set_parameter_layout(const std::string& name, const Layout& layout) {
+  Slot& s = slot(name);
+  autograd::NoGradGuard no_grad;
+  DTensor moved_value = s.value.detach().redistribute(mesh_, layout);
+  moved_value.requires_grad_();
+  s.value = moved_value;
+}
+
+void Module::set_compute_layout(const std::string& name, const Layout& layout) { slot(name).compute = layout; }
+
+void Module::set_input_placement(int64_t mesh_dim, Placement placement) {
+  input_placements_.resize(static_cast<size_t>(mesh_.ndim()));
+  input_placements_[static_cast<size_t>(mesh_dim)] = placement;
+}
+
+void Module::set_output_placement(int64_t mesh_dim, Placement placement) {
+  output_placements_.resize(static_cast<size_t>(mesh_.ndim()));
+  output_placements_[static_cast<size_t>(mesh_dim)] = placement;
+}
+
+DTensor Module::use(const std::string& name) const {
+  const Slot& s = slot(name);
+  if (!s.compute || *s.compute == s.value.layout()) return s.value;
+  return s.value.redistribute(mesh_, *s.compute);
+}
+
+DTensor Module::prepare_input(const DTensor& x) const { return moved(x, input_placements_); }
+DTensor Module::finish_output(const DTensor& y) const { return moved(y, output_placements_); }
+
+}  // namespace tessera::nn

@@ -1,0 +1,79 @@
+#pragma once
+// nn::Module: named parameters (DTensor leaves on one DeviceMesh) and named submodules, as in
+// torch.nn.Module. A parameter has a storage layout (how it is kept between steps, where its
+// gradient lands) and a compute layout (what forward uses): they differ under fully_shard, where
+// forward all-gathers the parameter (differentiably: its gradient is reduce-scattered).
+// Parallel styles (nn/parallel.hpp) also set per-module input/output placements.
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <tessera/dtensor/dtensor.hpp>
+
+namespace tessera::nn {
+
+class Module {
+ public:
+  explicit Module(DeviceMesh mesh) : mesh_(std::move(mesh)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  const DeviceMesh& mesh() const { return mesh_; }
+
+  /// Every parameter of this module and its submodules, with dotted paths ("blocks.0.attn.q.weight").
+  std::vector<std::pair<std::string, DTensor*>> named_parameters();
+  std::vector<DTensor*> parameters();
+  /// Every submodule with its path ("" is this module), depth first.
+  std::vector<std::pair<std::string, Module*>> named_modules();
+  /// The submodule at a dotted path. Throws ValueError naming the path if there is none.
+  Module& submodule(const std::string& path);
+  /// Clears every parameter's gradient.
+  void zero_grad();
+  /// Total number of elements of all parameters.
+  int64_t num_parameters();
+
+  // --- layouts (set by parallelize_module / fully_shard) ---------------------------------------
+  /// Stores parameter `name` of this module in `layout` (moves the data; it stays a leaf).
+  void set_parameter_layout(const std::string& name, const Layout& layout);
+  /// The layout forward uses for parameter `name` (default: its storage layout).
+  void set_compute_layout(const std::string& name, const Layout& layout);
+  /// Names of this module's own parameters.
+  std::vector<std::string> parameter_names() const;
+  DTensor& parameter(const std::string& name);
+  /// Per mesh dim, the placement forward's input / output is moved to (nullopt: left as it comes).
+  void set_input_placement(int64_t mesh_dim, Placement placement);
+  void set_output_placement(int64_t mesh_dim, Placement placement);
+
+ protected:
+  /// Registers a parameter (made a leaf that requires a gradient) and returns it.
+  DTensor& register_parameter(std::string name, DTensor value);
+  template <class M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    children_.emplace_back(std::move(name), module);
+    return module;
+  }
+  /// The parameter in its compute layout (a recorded redistribution when that differs).
+  DTensor use(const std::string& name) const;
+  /// Moves `x` to the input / output placements set by a parallel style (recorded).
+  DTensor prepare_input(const DTensor& x) const;
+  DTensor finish_output(const DTensor& y) const;
+
+ private:
+  struct Slot {
+    std::string name;
+    DTensor value;
+    std::optional<Layout> compute;
+  };
+  Slot& slot(const std::string& name);
+  const Slot& slot(const std::string& name) const;
+
+  DeviceMesh mesh_;
+  std::vector<std::unique_ptr<Slot>> params_;  // unique_ptr: pointers handed out stay valid
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<std::optional<Placement>> input_placements_, output_placements_;
+};
+
+}  // namespace tessera::nn

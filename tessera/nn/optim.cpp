@@ -1,0 +1,107 @@
+// Optimizer updates under NoGradGuard, written into each parameter's local shard in place (the
+// parameter stays the same leaf, so the module keeps referring to it).
+#include <tessera/nn/optim.hpp>
+
+#include <cmath>
+#include <numbers>
+
+#include <tessera/core/autograd.hpp>
+#include <tessera/dtensor/ops.hpp>
+
+namespace tessera::nn {
+
+namespace {
+
+// p's shard takes the values of `value` (same layout: the update is elementwise).
+void assign(DTensor& p, const DTensor& value) {
+  Tensor local = p.to_local();
+  local.copy_(value.to_local());
+}
+
+// A zero DTensor in p's exact layout (shard orders and explicit sizes included).
+DTensor zeros_like_layout(const DTensor& p) { return mul(p.detach(), Scalar(0.0)); }
+
+}  // namespace
+
+void Optimizer::zero_grad() {
+  for (DTensor* p : params_) p->set_grad(DTensor());
+}
+
+SGD::SGD(std::vector<DTensor*> params, double lr, double momentum, double weight_decay)
+    : Optimizer(std::move(params), lr), momentum_(momentum), weight_decay_(weight_decay) {
+  TESSERA_CHECK(lr >= 0 && momentum >= 0 && weight_decay >= 0, ValueError, "SGD", "lr ", lr, ", momentum ", momentum,
+                " and weight_decay ", weight_decay, " must be non-negative");
+  momentum_buffers_.resize(params_.size());
+}
+
+void SGD::step() {
+  autograd::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DTensor& p = *params_[i];
+    DTensor g = p.grad();
+    if (!g.defined()) continue;
+    if (weight_decay_ != 0) g = add(g, mul(p.detach(), Scalar(weight_decay_)));
+    if (momentum_ != 0) {
+      DTensor& buf = momentum_buffers_[i];
+      buf = buf.defined() ? add(mul(buf, Scalar(momentum_)), g) : g;
+      g = buf;
+    }
+    assign(p, sub(p.detach(), mul(g, Scalar(lr_))));
+  }
+}
+
+AdamW::AdamW(std::vector<DTensor*> params, double lr, double beta1, double beta2, double eps, double weight_decay)
+    : Optimizer(std::move(params), lr), beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {
+  TESSERA_CHECK(lr >= 0 && beta1 >= 0 && beta1 < 1 && beta2 >= 0 && beta2 < 1 && eps > 0 && weight_decay >= 0,
+                ValueError, "AdamW", "invalid hyperparameters lr ", lr, ", betas (", beta1, ", ", beta2, "), eps ", eps,
+                ", weight_decay ", weight_decay);
+  m_.resize(params_.size());
+  v_.resize(params_.size());
+}
+
+void AdamW::step() {
+  autograd::NoGradGuard no_grad;
+  ++steps_;
+  const double correction1 = 1 - std::pow(beta1_, static_cast<double>(steps_));
+  const double correction2 = 1 - std::pow(beta2_, static_cast<double>(steps_));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DTensor& p = *params_[i];
+    const DTensor g = p.grad();
+    if (!g.defined()) continue;
+    if (!m_[i].defined()) {
+      m_[i] = zeros_like_layout(p);
+      v_[i] = zeros_like_layout(p);
+    }
+    m_[i] = add(mul(m_[i], Scalar(beta1_)), mul(g, Scalar(1 - beta1_)));
+    v_[i] = add(mul(v_[i], Scalar(beta2_)), mul(mul(g, g), Scalar(1 - beta2_)));
+    const DTensor denom = add(sqrt(div(v_[i], Scalar(correction2))), Scalar(eps_));
+    const DTensor update = div(div(m_[i], Scalar(correction1)), denom);
+    const DTensor decayed = mul(p.detach(), Scalar(1 - lr_ * weight_decay_));
+    assign(p, sub(decayed, mul(update, Scalar(lr_))));
+  }
+}
+
+double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm) {
+  autograd::NoGradGuard no_grad;
+  double total_sq = 0;
+  for (DTensor* p : params) {
+    const DTensor g = p->grad();
+    if (g.defined()) total_sq += sum(mul(g, g)).full_tensor().item();
+  }
+  const double total = std::sqrt(total_sq);
+  if (total > max_norm && total > 0) {
+    const double scale = max_norm / (total + 1e-6);
+    for (DTensor* p : params)
+      if (p->grad().defined()) p->set_grad(mul(p->grad(), Scalar(scale)));
+  }
+  return total;
+}
+
+double warmup_cosine_lr(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr) {
+  if (warmup > 0 && step < warmup) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+  if (step >= total) return min_lr;
+  const double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<int64_t>(total - warmup, 1));
+  return min_lr + 0.5 * (max_lr - min_lr) * (1 + std::cos(std::numbers::pi * progress));
+}
+
+}  // namespace tessera::nn

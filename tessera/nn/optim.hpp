@@ -1,0 +1,59 @@
+#pragma once
+// Optimizers over DTensor parameters: every update is elementwise on the parameter's own layout,
+// so each rank updates its shard locally (no communication). Gradient clipping by the global
+// norm reduces one scalar per parameter. A learning-rate schedule with linear warmup and cosine decay.
+#include <vector>
+
+#include <tessera/dtensor/dtensor.hpp>
+
+namespace tessera::nn {
+
+/// What every optimizer has: the parameters it updates and a learning rate.
+class Optimizer {
+ public:
+  Optimizer(std::vector<DTensor*> params, double lr) : params_(std::move(params)), lr_(lr) {}
+  virtual ~Optimizer() = default;
+  /// One update from the parameters' current gradients (parameters without one are skipped).
+  virtual void step() = 0;
+  /// Clears every parameter's gradient.
+  void zero_grad();
+  void set_lr(double lr) { lr_ = lr; }
+  double lr() const { return lr_; }
+
+ protected:
+  std::vector<DTensor*> params_;
+  double lr_;
+};
+
+/// SGD with momentum (PyTorch's form: buf = momentum * buf + grad; p -= lr * buf) and weight decay.
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<DTensor*> params, double lr, double momentum = 0.0, double weight_decay = 0.0);
+  void step() override;
+
+ private:
+  std::vector<DTensor> momentum_buffers_;
+  double momentum_, weight_decay_;
+};
+
+/// AdamW (decoupled weight decay), bias-corrected moments, as torch.optim.AdamW.
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<DTensor*> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8,
+        double weight_decay = 0.01);
+  void step() override;
+
+ private:
+  std::vector<DTensor> m_, v_;
+  double beta1_, beta2_, eps_, weight_decay_;
+  int64_t steps_ = 0;
+};
+
+/// Scales every gradient by max_norm / total when the total 2-norm over all parameters (all
+/// shards) exceeds max_norm; returns the total norm before clipping. Every rank calls it.
+double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm);
+
+/// Linear warmup from 0 over `warmup` steps, then cosine decay to `min_lr` at `total` steps.
+double warmup_cosine_lr(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr = 0.0);
+
+}  // namespace tessera::nn

@@ -1,0 +1,183 @@
+// Parallel training equals single-device training: a small transformer LM built after the same
+// seed, once unsharded (every tensor whole on every rank: no collective runs) and once under each
+// parallel style (tensor parallel, sequence parallel, data parallel, fully sharded, and dp x tp on
+// a 2-d mesh), gives the same loss, the same gradient for every parameter and, after a few
+// AdamW steps with clipping, the same parameters. Sizes divide unevenly on purpose.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include <tessera/debug/comm_debug_mode.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/nn/layers.hpp>
+#include <tessera/nn/optim.hpp>
+#include <tessera/nn/parallel.hpp>
+#include <tessera/ops/ops.hpp>
+
+#include "rank_test_util.hpp"
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+
+namespace {
+
+nn::TransformerConfig tiny() {
+  nn::TransformerConfig c;
+  c.vocab = 10;
+  c.dim = 12;
+  c.heads = 2;
+  c.layers = 2;
+  c.max_seq = 6;
+  c.hidden = 20;
+  c.dtype = DType::f64;
+  return c;
+}
+
+// Token ids [4, 6] and next-token targets.
+std::pair<Tensor, Tensor> batch(int64_t vocab, int step) {
+  std::vector<int64_t> ids(24), next(24);
+  for (int64_t i = 0; i < 24; ++i) {
+    ids[static_cast<size_t>(i)] = (i * 7 + 3 + step * 5) % vocab;
+    next[static_cast<size_t>(i)] = (i * 7 + 10 + step * 5) % vocab;
+  }
+  return {from_vector(ids, Shape{4, 6}), from_vector(next, Shape{4, 6})};
+}
+
+Placements all(const DeviceMesh& mesh, Placement p) { return Placements(static_cast<size_t>(mesh.ndim()), p); }
+
+struct Setup {
+  std::string name;
+  std::function<void(nn::TransformerLM&)> parallelize;
+  Placements data;  // placements of the token batch
+};
+
+// Trains `steps` steps of AdamW with clipping; returns the losses.
+std::vector<double> train(nn::TransformerLM& model, const Placements& data, int steps) {
+  nn::AdamW optimizer(model.parameters(), 0.01, 0.9, 0.99, 1e-8, 0.01);
+  std::vector<double> losses;
+  for (int step = 0; step < steps; ++step) {
+    const auto [ids, next] = batch(model.config().vocab, step);
+    const DTensor tokens = distribute_tensor(ids, model.mesh(), data), targets = distribute_tensor(next, model.mesh(), data);
+    model.zero_grad();
+    const DTensor loss = model.loss(tokens, targets);
+    losses.push_back(loss.full_tensor().item());
+    loss.backward();
+    nn::clip_grad_norm_(model.parameters(), 1.0);
+    optimizer.set_lr(nn::warmup_cosine_lr(step, 1, steps, 0.01));
+    optimizer.step();
+  }
+  return losses;
+}
+
+void check_equivalence(const DeviceMesh& mesh, const Setup& setup) {
+  SCOPED_TRACE(setup.name + " on " + mesh.to_string());
+  manual_seed(7);
+  nn::TransformerLM reference(mesh, tiny());
+  manual_seed(7);
+  nn::TransformerLM model(mesh, tiny());
+  setup.parallelize(model);
+
+  // One step's loss and gradients.
+  const auto [ids, next] = batch(tiny().vocab, 0);
+  const Placements whole = all(mesh, Replicate{});
+  const DTensor ref_loss = reference.loss(distribute_tensor(ids, mesh, whole), distribute_tensor(next, mesh, whole));
+  ref_loss.backward();
+  const DTensor loss = model.loss(distribute_tensor(ids, mesh, setup.data), distribute_tensor(next, mesh, setup.data));
+  loss.backward();
+  EXPECT_NEAR(loss.full_tensor().item(), ref_loss.full_tensor().item(), 1e-10);
+  const auto ref_params = reference.named_parameters(), params = model.named_parameters();
+  ASSERT_EQ(ref_params.size(), params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    ASSERT_EQ(params[i].first, ref_params[i].first);
+    const DTensor g = params[i].second->grad();
+    ASSERT_TRUE(g.defined()) << params[i].first;
+    EXPECT_TRUE(g.layout() == params[i].second->layout()) << params[i].first << ": gradient " << g.layout().to_string()
+                                                          << " for parameter " << params[i].second->layout().to_string();
+    EXPECT_TRUE(allclose(g.full_tensor(), ref_params[i].second->grad().full_tensor(), 1e-8, 1e-10))
+        << params[i].first << " in " << params[i].second->layout().to_string();
+  }
+
+  // A few optimizer steps: the same losses and parameters.
+  const auto ref_losses = train(reference, whole, 3), losses = train(model, setup.data, 3);
+  for (size_t s = 0; s < losses.size(); ++s) EXPECT_NEAR(losses[s], ref_losses[s], 1e-9) << "step " << s;
+  for (size_t i = 0; i < params.size(); ++i)
+    EXPECT_TRUE(allclose(params[i].second->full_tensor(), ref_params[i].second->full_tensor(), 1e-8, 1e-10))
+        << params[i].first << " after training";
+}
+
+}  // namespace
+
+TEST(ParallelTraining, TensorAndSequenceParallelOnOneAxis) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh({world_size()}, {"tp"});
+    const Placements whole{Replicate{}};
+    check_equivalence(mesh, {"tensor parallel", [](nn::TransformerLM& m) { nn::parallelize_module(m, "tp", nn::transformer_tp_plan(false)); }, whole});
+    check_equivalence(mesh, {"sequence parallel", [](nn::TransformerLM& m) { nn::parallelize_module(m, "tp", nn::transformer_tp_plan(true)); }, whole});
+  });
+}
+
+TEST(ParallelTraining, DataParallelAndFullyShardedOnOneAxis) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh({world_size()}, {"dp"});
+    const Placements sharded{Shard{0}};
+    check_equivalence(mesh, {"data parallel", [](nn::TransformerLM&) {}, sharded});
+    check_equivalence(mesh, {"fully_shard", [](nn::TransformerLM& m) { nn::fully_shard(m, "dp"); }, sharded});
+  });
+}
+
+TEST(ParallelTraining, DataTimesTensorParallelOnTwoDims) {
+  for_each_world({4, 6}, [] {
+    const DeviceMesh mesh({2, world_size() / 2}, {"dp", "tp"});
+    const Placements data{Shard{0}, Replicate{}};
+    check_equivalence(mesh, {"ddp x tp", [](nn::TransformerLM& m) { nn::parallelize_module(m, "tp", nn::transformer_tp_plan(false)); }, data});
+    check_equivalence(mesh, {"fsdp x tp", [](nn::TransformerLM& m) {
+                               nn::parallelize_module(m, "tp", nn::transformer_tp_plan(false));
+                               nn::fully_shard(m, "dp");
+                             }, data});
+  });
+}
+
+TEST(ParallelTraining, GradientsReduceWhereTheStyleSays) {
+  for_each_world({4}, [] {
+    // DDP: Replicate parameters, sharded batch: the gradients arrive by all_reduce, no reduce_scatter.
+    const DeviceMesh mesh({world_size()}, {"dp"});
+    manual_seed(7);
+    nn::TransformerLM model(mesh, tiny());
+    const auto [ids, next] = batch(tiny().vocab, 0);
+    const DTensor loss = model.loss(distribute_tensor(ids, mesh, {Shard{0}}), distribute_tensor(next, mesh, {Shard{0}}));
+    {
+      CommDebugMode mode;
+      loss.backward();
+      EXPECT_GT(mode.count(CollectiveKind::all_reduce), 0);
+      EXPECT_EQ(mode.count(CollectiveKind::reduce_scatter) + mode.count(CollectiveKind::reduce_scatter_v), 0);
+    }
+    // FSDP: the gradients are reduce-scattered into the Shard(0) parameters.
+    manual_seed(7);
+    nn::TransformerLM sharded(mesh, tiny());
+    nn::fully_shard(sharded, "dp");
+    for (const auto& [name, p] : sharded.named_parameters()) EXPECT_EQ(p->placements()[0], Placement(Shard{0})) << name;
+    const DTensor loss2 = sharded.loss(distribute_tensor(ids, mesh, {Shard{0}}), distribute_tensor(next, mesh, {Shard{0}}));
+    CommDebugMode mode;
+    loss2.backward();
+    EXPECT_GT(mode.count(CollectiveKind::reduce_scatter) + mode.count(CollectiveKind::reduce_scatter_v) +
+                  mode.count(CollectiveKind::all_to_all) + mode.count(CollectiveKind::all_to_all_v),
+              0);
+  });
+}
+
+TEST(ParallelTraining, Errors) {
+  for_each_world({2}, [] {
+    const DeviceMesh mesh({world_size()}, {"tp"});
+    manual_seed(1);
+    nn::TransformerLM model(mesh, tiny());
+    EXPECT_TRUE(throws_with<ValueError>([&] { nn::parallelize_module(model, "tp", {{"blocks.*.nothing", nn::ColwiseParallel{}}}); },
+                                        {"[parallelize_module]", "blocks.*.nothing"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { nn::parallelize_module(model, "tp", {{"norm", nn::ColwiseParallel{}}}); },
+                                        {"[parallelize_module]", "ColwiseParallel", "'norm'"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { nn::parallelize_module(model, "pp", {{"head", nn::ColwiseParallel{}}}); },
+                                        {"[parallelize_module]", "'pp'"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { nn::MultiheadAttention(mesh, 10, 3); }, {"[MultiheadAttention]", "10", "3"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)model.submodule("blocks.9"); }, {"[Module::submodule]", "blocks.9"}));
+  });
+}
