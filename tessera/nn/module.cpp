@@ -1,6 +1,8 @@
 // nn::Module bookkeeping: paths, layouts, the input/output moves of parallel styles.
 #include <tessera/nn/module.hpp>
 
+#include <algorithm>
+
 #include <tessera/core/autograd.hpp>
 #include <tessera/dtensor/ops.hpp>
 
@@ -61,6 +63,34 @@ int64_t Module::num_parameters() {
   int64_t n = 0;
   for (DTensor* p : parameters()) n += p->numel();
   return n;
+}
+
+std::map<std::string, DTensor> Module::state_dict() {
+  std::map<std::string, DTensor> out;
+  for (auto& [name, p] : named_parameters()) out.emplace(name, p->detach());
+  return out;
+}
+
+void Module::load_state_dict(const std::map<std::string, DTensor>& state) {
+  const auto params = named_parameters();
+  for (const auto& [name, value] : state) {
+    const bool known = std::any_of(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
+    TESSERA_CHECK(known, ValueError, "Module::load_state_dict", "unexpected entry '", name, "'");
+  }
+  // Everything is checked before anything is written: a bad state leaves the module as it was.
+  for (auto& [name, p] : params) {
+    const auto it = state.find(name);
+    TESSERA_CHECK(it != state.end(), ValueError, "Module::load_state_dict", "missing entry '", name, "'");
+    TESSERA_CHECK(it->second.shape() == p->shape(), ValueError, "Module::load_state_dict", "entry '", name,
+                  "' has shape ", it->second.shape().to_string(), "; the parameter has ", p->shape().to_string());
+  }
+  autograd::NoGradGuard no_grad;
+  for (auto& [name, p] : params) {
+    const DTensor& given = state.at(name);
+    const DTensor source = given.detach().redistribute(mesh_, p->layout().with_dtype(given.dtype()));
+    Tensor local = p->to_local();
+    local.copy_(source.to_local());
+  }
 }
 
 DTensor& Module::register_parameter(std::string name, DTensor value) {

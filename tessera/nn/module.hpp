@@ -4,6 +4,7 @@
 // gradient lands) and a compute layout (what forward uses): they differ under fully_shard, where
 // forward all-gathers the parameter (differentiably: its gradient is reduce-scattered).
 // Parallel styles (nn/parallel.hpp) also set per-module input/output placements.
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,12 @@ class Module {
   void zero_grad();
   /// Total number of elements of all parameters.
   int64_t num_parameters();
+  /// The parameters by path, detached (they share storage with the module's).
+  std::map<std::string, DTensor> state_dict();
+  /// Copies every parameter from `state` (same paths and global shapes), resharding each value to
+  /// the parameter's layout: a state saved under one parallel plan loads into another. Throws
+  /// ValueError naming the path for a missing entry or a shape mismatch; extra entries are an error.
+  void load_state_dict(const std::map<std::string, DTensor>& state);
 
   // --- layouts (set by parallelize_module / fully_shard) ---------------------------------------
   /// Stores parameter `name` of this module in `layout` (moves the data; it stays a leaf).

@@ -166,6 +166,38 @@ TEST(ParallelTraining, GradientsReduceWhereTheStyleSays) {
   });
 }
 
+TEST(ParallelTraining, StateDictLoadsAcrossParallelPlans) {
+  for_each_world({4}, [] {
+    const DeviceMesh mesh({2, world_size() / 2}, {"dp", "tp"});
+    manual_seed(3);
+    nn::TransformerLM source(mesh, tiny());  // unsharded
+    manual_seed(4);
+    nn::TransformerLM target(mesh, tiny());  // other values, tp x fsdp
+    nn::parallelize_module(target, "tp", nn::transformer_tp_plan());
+    nn::fully_shard(target, "dp");
+    const auto state = source.state_dict();
+    EXPECT_EQ(state.size(), source.named_parameters().size());
+    target.load_state_dict(state);
+    for (const auto& [name, p] : target.named_parameters()) {
+      EXPECT_TRUE(allclose(p->full_tensor(), state.at(name).full_tensor(), 0, 0)) << name;
+      EXPECT_TRUE(p->is_leaf() && p->requires_grad()) << name;
+      EXPECT_EQ(p->placements()[0], Placement(Shard{0})) << name;  // the layout stays the target's
+    }
+    auto missing = state;
+    missing.erase("head.weight");
+    EXPECT_TRUE(throws_with<ValueError>([&] { target.load_state_dict(missing); },
+                                        {"[Module::load_state_dict]", "missing", "head.weight"}));
+    auto extra = state;
+    extra.emplace("nothing", state.at("head.weight"));
+    EXPECT_TRUE(
+        throws_with<ValueError>([&] { target.load_state_dict(extra); }, {"[Module::load_state_dict]", "'nothing'"}));
+    auto wrong = state;
+    wrong.at("head.weight") = state.at("norm.weight");
+    EXPECT_TRUE(throws_with<ValueError>([&] { target.load_state_dict(wrong); },
+                                        {"[Module::load_state_dict]", "head.weight", "[12]", "[10, 12]"}));
+  });
+}
+
 TEST(ParallelTraining, Errors) {
   for_each_world({2}, [] {
     const DeviceMesh mesh({world_size()}, {"tp"});
