@@ -54,13 +54,6 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vec
   for (size_t i = 0; i < texts.size(); ++i)
     TESSERA_CHECK(texts[i] == texts.front(), ShardingError, "distribute_tensor", "rank ", mesh.spec().ranks()[i],
                   " distributes ", texts[i], " but rank ", mesh.spec().ranks()[0], " distributes ", texts.front());
-  // A 0-d tensor has no empty block to say "holds nothing": distribute it as one element.
-  if (global.ndim() == 0) {
-    const DTensor one = distribute_tensor(global.detach().reshape({1}), mesh, layout.placements());
-    DTensor out(one.to_local().reshape({}), mesh, std::move(layout));
-    if (global.requires_grad()) out.requires_grad_();
-    return out;
-  }
   // The data comes from the first rank of the mesh, as in DTensor: it sends every rank its block.
   const int origin = mesh.spec().ranks().front();
   std::vector<Transfer> transfers;

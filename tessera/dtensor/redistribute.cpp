@@ -236,6 +236,14 @@ Tensor view_of(const Tensor& tensor, const Block& whole, const Block& piece) {
 Tensor run_exchange(const std::vector<Transfer>& transfers, const Tensor& local, const Block& held, const Block& want,
                     DType dtype, const std::shared_ptr<Communicator>& group) {
   if (!group) return exchange_p2p(transfers, local, held, want, dtype);
+  // A 0-d block always holds its one element, so a peer with no transfer would still count one:
+  // exchange 0-d tensors as [1], where "nothing" is the empty block.
+  if (want.begin.size() == 0) {
+    const Block one{Shape{0}, Shape{1}};
+    std::vector<Transfer> lifted = transfers;
+    for (Transfer& t : lifted) t.block = one;
+    return run_exchange(lifted, local.reshape({1}), one, one, dtype, group).reshape({});
+  }
   const int me = rank();
   const auto& ranks = group->world_ranks();
   const auto index_of = [&](int world_rank) {

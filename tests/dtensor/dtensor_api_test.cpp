@@ -434,6 +434,13 @@ TEST(DTensorApiDistribute, EachRankGetsItsBlockOfRankZerosTensor) {
       }
       EXPECT_TRUE(same(mine, r == 0 ? pattern(shape) : pattern(shape, 7 + r)));  // inputs untouched
     }
+    // A 0-d tensor (only Replicate exists for it): rank 0's value reaches every rank.
+    const Tensor s0 = full({}, 2.5), smine = r == 0 ? s0 : full({}, -1.0 - r);
+    for (const DeviceMesh* mesh : {&line, &grid}) {
+      const DTensor d = distribute_tensor(smine, *mesh, Placements(static_cast<size_t>(mesh->ndim()), Replicate{}));
+      EXPECT_TRUE(same(d.to_local(), s0)) << mesh->to_string();
+      EXPECT_TRUE(same(d.full_tensor(), s0)) << mesh->to_string();
+    }
     // Other dtypes travel unchanged.
     for (DType dtype : {DType::bf16, DType::i64, DType::f64}) {
       const Tensor g0 = pattern({5, 3}).to(dtype);
