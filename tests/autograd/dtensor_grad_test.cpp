@@ -5,7 +5,6 @@
 // and grad_placements on to_local / full_tensor / from_local.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <functional>
 
 #include <tessera/autograd/gradcheck.hpp>
@@ -14,6 +13,7 @@
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/ops.hpp>
 
+#include "placement_sweep.hpp"
 #include "rank_test_util.hpp"
 #include "test_util.hpp"
 
@@ -21,22 +21,6 @@ using namespace tessera;
 using namespace tessera::testing;
 
 namespace {
-
-std::vector<std::vector<int64_t>> meshes_for(int n) {
-  switch (n) {
-    case 4:
-      return {{4}, {2, 2}};
-    case 6:
-      return {{2, 3}};
-    default:
-      return {{n}};
-  }
-}
-
-DeviceMesh make_mesh(const std::vector<int64_t>& shape) {
-  static const std::vector<std::string> names = {"a", "b", "c"};
-  return DeviceMesh(shape, std::vector<std::string>(names.begin(), names.begin() + static_cast<long>(shape.size())));
-}
 
 // Distinct values away from the kinks (as in tensor_grad_test), f64 for exact comparisons.
 Tensor values(const Shape& shape, int seed, bool positive = false) {
@@ -67,23 +51,6 @@ DTensor leaf(const Tensor& global, const DeviceMesh& mesh, const Placements& pla
   return out;
 }
 
-std::vector<Placements> placements_for(int64_t ndim, int64_t mesh_ndim, bool partial) {
-  std::vector<Placement> choices{Replicate{}};
-  for (int64_t d = 0; d < ndim; ++d) choices.push_back(Shard{d});
-  if (partial) choices.push_back(Partial{});
-  std::vector<Placements> out{{}};
-  for (int64_t m = 0; m < mesh_ndim; ++m) {
-    std::vector<Placements> next;
-    for (const auto& p : out)
-      for (const auto& c : choices) {
-        next.push_back(p);
-        next.back().push_back(c);
-      }
-    out = std::move(next);
-  }
-  return out;
-}
-
 // Output weights (a fixed vector-Jacobian product), the same on every rank.
 Tensor weights_like(const Shape& shape) {
   std::vector<double> w(static_cast<size_t>(shape.numel()));
@@ -100,12 +67,6 @@ struct Case {
   size_t max_combos = 40;  // a deterministic sample of the placement combinations per mesh
 };
 
-size_t sample_limit(size_t max_combos) {
-  if (const char* sample = std::getenv("TESSERA_TEST_SAMPLE"))
-    return std::min<size_t>(max_combos, static_cast<size_t>(std::max(1, std::atoi(sample))));
-  return max_combos;
-}
-
 // loss = sum(op(leaves) * w): the leaves' gradients (full_tensor) equal the Tensor gradients.
 void check_grads(const std::string& name, const Case& c, const DOp& dop, const LOp& lop) {
   std::vector<Tensor> expected;
@@ -120,13 +81,13 @@ void check_grads(const std::string& name, const Case& c, const DOp& dop, const L
     sum(mul(out, weights_like(out.shape()))).backward();
     for (const Tensor& t : inputs) expected.push_back(t.requires_grad() ? t.grad() : Tensor());
   }
-  for (const auto& mesh_shape : meshes_for(world_size())) {
-    const DeviceMesh mesh = make_mesh(mesh_shape);
+  for (const auto& mesh_shape : sweep_meshes(world_size())) {
+    const DeviceMesh mesh = sweep_mesh(mesh_shape);
     std::vector<std::vector<Placements>> options;
     size_t combos = 1;
     for (const Tensor& g : c.globals) {
       options.push_back(is_floating(g.dtype())
-                            ? placements_for(g.ndim(), mesh.ndim(), c.partial)
+                            ? placement_combinations(g.ndim(), mesh.ndim(), c.partial)
                             : std::vector<Placements>{Placements(static_cast<size_t>(mesh.ndim()), Replicate{})});
       combos *= options.back().size();
     }

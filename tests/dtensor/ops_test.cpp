@@ -3,7 +3,6 @@
 // the result's full_tensor() equals the Tensor op on the unsharded inputs.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <functional>
 
 #include <tessera/dtensor/dispatch.hpp>
@@ -11,6 +10,7 @@
 #include <tessera/dtensor/redistribute.hpp>
 #include <tessera/ops/ops.hpp>
 
+#include "placement_sweep.hpp"
 #include "rank_test_util.hpp"
 #include "test_util.hpp"
 
@@ -18,19 +18,6 @@ using namespace tessera;
 using namespace tessera::testing;
 
 namespace {
-
-std::vector<std::vector<int64_t>> meshes_for(int n) {
-  switch (n) {
-    case 4: return {{4}, {2, 2}};
-    case 6: return {{2, 3}};
-    default: return {{n}};
-  }
-}
-
-DeviceMesh make_mesh(const std::vector<int64_t>& shape) {
-  static const std::vector<std::string> names = {"a", "b", "c"};
-  return DeviceMesh(shape, std::vector<std::string>(names.begin(), names.begin() + static_cast<long>(shape.size())));
-}
 
 // Integer-valued data in [-11, 11] (sums of parts stay exact); `positive` shifts it to [1, 23].
 Tensor data(const Shape& shape, int seed, bool positive = false) {
@@ -59,23 +46,6 @@ DTensor make_input(const Tensor& global, const DeviceMesh& mesh, const Placement
   return DTensor(local, mesh, layout);
 }
 
-std::vector<Placements> placements_for(int64_t ndim, int64_t mesh_ndim, bool partial) {
-  std::vector<Placement> choices{Replicate{}};
-  for (int64_t d = 0; d < ndim; ++d) choices.push_back(Shard{d});
-  if (partial) choices.push_back(Partial{});
-  std::vector<Placements> out{{}};
-  for (int64_t m = 0; m < mesh_ndim; ++m) {
-    std::vector<Placements> next;
-    for (const auto& p : out)
-      for (const auto& c : choices) {
-        next.push_back(p);
-        next.back().push_back(c);
-      }
-    out = std::move(next);
-  }
-  return out;
-}
-
 struct Case {
   std::vector<Shape> shapes;
   bool partial = true;       // include P(sum) inputs
@@ -96,8 +66,8 @@ std::string describe(const std::vector<Placements>& combo) {
 
 // Runs `dop` on every placement combination of the inputs and compares with `lop` on the globals.
 void check_op(const std::string& name, const Case& c, const DOp& dop, const LOp& lop) {
-  for (const auto& mesh_shape : meshes_for(world_size())) {
-    const DeviceMesh mesh = make_mesh(mesh_shape);
+  for (const auto& mesh_shape : sweep_meshes(world_size())) {
+    const DeviceMesh mesh = sweep_mesh(mesh_shape);
     std::vector<Tensor> globals;
     for (size_t i = 0; i < c.shapes.size(); ++i) {
       const bool given = i < c.given.size() && c.given[i].defined();
@@ -108,13 +78,11 @@ void check_op(const std::string& name, const Case& c, const DOp& dop, const LOp&
     size_t combos = 1;
     for (size_t i = 0; i < globals.size(); ++i) {
       const bool partial_ok = c.partial && is_floating(globals[i].dtype());
-      options.push_back(placements_for(globals[i].ndim(), mesh.ndim(), partial_ok));
+      options.push_back(placement_combinations(globals[i].ndim(), mesh.ndim(), partial_ok));
       combos *= options.back().size();
     }
-    // Sanitizer builds (make sanitize sets TESSERA_TEST_SAMPLE) run a deterministic sample; the
-    // Release run covers every combination.
-    size_t limit = c.max_combos;
-    if (const char* sample = std::getenv("TESSERA_TEST_SAMPLE")) limit = std::min<size_t>(limit, std::max(1, std::atoi(sample)));
+    // Sanitizer builds run a deterministic sample; the Release run covers every combination.
+    const size_t limit = sample_limit(c.max_combos);
     const size_t stride = (combos + limit - 1) / limit;
     for (size_t index = 0; index < combos; index += stride) {
       std::vector<Placements> combo;
