@@ -19,12 +19,9 @@
 //
 // Usage: tessera_dispatch_bench [--iters 20000] [--miss-iters 200] [--json PATH] [--ranks 4]
 // Runs on 4 ranks (a 1-d mesh of 4). Google Benchmark flags are ignored.
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -34,6 +31,8 @@
 
 #include <tessera/dtensor/dispatch.hpp>
 #include <tessera/tessera.hpp>
+
+#include "bench_util.hpp"
 
 namespace {
 
@@ -54,11 +53,6 @@ struct Case {
   std::function<void()> local;    // the Tensor op on the local shards
   std::function<void()> dtensor;  // the DTensor op
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // One repetition: the mean ns per call of `op` over `iters` calls, every rank starting together.
 double mean_ns(int iters, const std::function<void()>& op) {
@@ -83,7 +77,6 @@ double mean_ns(int iters, const std::function<void()>& op, const std::function<v
 }
 
 void bench(const Options& options, const char* argv0) {
-  const bool mpi = world().backend() == "mpi";
   TESSERA_CHECK(world_size() == 4, ValueError, "tessera_dispatch_bench", "needs 4 ranks, got ", world_size());
   const DeviceMesh mesh({4}, {"x"});
   const DTensor a = rand({64, 64}, mesh, {Shard{0}}), b = rand({64, 64}, mesh, {Shard{0}});
@@ -102,9 +95,10 @@ void bench(const Options& options, const char* argv0) {
 
   nlohmann::json rows = nlohmann::json::array();
   if (rank() == 0) {
-    std::printf("DTensor op dispatch on %d ranks (%s), mesh [4], f32, median of %d repetitions of %d calls "
-                "(miss: %d)\n",
-                world_size(), mpi ? "mpi" : "threads", kRepetitions, options.iters, options.miss_iters);
+    std::printf(
+        "DTensor op dispatch on %d ranks (%s), mesh [4], f32, median of %d repetitions of %d calls "
+        "(miss: %d)\n",
+        world_size(), bench_util::backend_name(), kRepetitions, options.iters, options.miss_iters);
     std::printf("%-8s %10s %14s %12s %10s %16s %17s\n", "op", "local ns", "DTensor hit ns", "overhead ns",
                 "miss us", "planner/hit", "planner/miss");
   }
@@ -124,7 +118,8 @@ void bench(const Options& options, const char* argv0) {
     for (int r = 0; r < kRepetitions; ++r)
       miss_reps.push_back(mean_ns(options.miss_iters, c.dtensor, [] { clear_dispatch_cache(); }));
     const DispatchStats miss = dispatch_stats();
-    const double local_ns = median(local_reps), hit_ns = median(hit_reps), miss_ns = median(miss_reps);
+    const double local_ns = bench_util::median(local_reps), hit_ns = bench_util::median(hit_reps),
+                 miss_ns = bench_util::median(miss_reps);
 
     const double hit_calls = static_cast<double>(kRepetitions) * options.iters;
     const double miss_calls = static_cast<double>(kRepetitions) * options.miss_iters;
@@ -147,18 +142,12 @@ void bench(const Options& options, const char* argv0) {
   }
   if (rank() == 0) {
     std::printf("goal: overhead < 1000 ns for add and matmul (PyTorch DTensor: 25-90 us); planner/hit = 0\n");
-    const std::string path = !options.json.empty()
-                                 ? options.json
-                                 : (std::filesystem::path(argv0).parent_path() /
-                                    ("dispatch_bench_" + std::string(mpi ? "mpi" : "threads") + ".json"))
-                                       .string();
-    std::ofstream(path) << nlohmann::json{{"ranks", world_size()},
-                                          {"iters", options.iters},
-                                          {"miss_iters", options.miss_iters},
-                                          {"repetitions", kRepetitions},
-                                          {"rows", rows}}
-                               .dump(2);
-    std::printf("json: %s\n", path.c_str());
+    bench_util::write_json({{"ranks", world_size()},
+                            {"iters", options.iters},
+                            {"miss_iters", options.miss_iters},
+                            {"repetitions", kRepetitions},
+                            {"rows", rows}},
+                           options.json, argv0, "dispatch_bench");
   }
 }
 

@@ -17,8 +17,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -26,6 +24,8 @@
 #include <nlohmann/json.hpp>
 
 #include <tessera/tessera.hpp>
+
+#include "bench_util.hpp"
 
 namespace {
 
@@ -66,11 +66,6 @@ const std::vector<Case>& cases() {
 double slowest(double seconds) {
   world().all_reduce(&seconds, 1, DType::f64, ReduceOp::max);
   return seconds;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // The plan's collectives on preallocated contiguous buffers with the plan's counts.
@@ -164,7 +159,6 @@ RawPlan raw_collectives(const Plan& plan, const DeviceMesh& mesh) {
 }
 
 void bench(const Options& options, const char* argv0) {
-  const bool mpi = world().backend() == "mpi";
   TESSERA_CHECK(world_size() == 4, ValueError, "tessera_redistribute_bench", "needs 4 ranks, got ", world_size());
   const DeviceMesh line({4}, {"x"});
   const DeviceMesh square({2, 2}, {"dp", "tp"});
@@ -173,7 +167,7 @@ void bench(const Options& options, const char* argv0) {
   nlohmann::json rows = nlohmann::json::array();
   if (rank() == 0) {
     std::printf("redistribute on %d ranks (%s), f32 %lld x %lld (%.1f MiB), median of %d\n", world_size(),
-                mpi ? "mpi" : "threads", static_cast<long long>(side), static_cast<long long>(side),
+                bench_util::backend_name(), static_cast<long long>(side), static_cast<long long>(side),
                 static_cast<double>(side * side * 4) / (1 << 20), options.iters);
     std::printf("%-30s %-12s %-26s %10s %10s %6s %7s %9s %9s %6s\n", "transition", "mesh", "plan", "recv/rank",
                 "bound", "ratio", "DTensor", "time ms", "raw ms", "ratio");
@@ -200,7 +194,7 @@ void bench(const Options& options, const char* argv0) {
         if (i >= 2) (tessera_first ? ours : theirs).push_back(t);
       }
     }
-    const double t_ours = median(ours), t_raw = median(theirs);
+    const double t_ours = bench_util::median(ours), t_raw = bench_util::median(theirs);
     const int64_t bytes = plan.max_bytes_received(), bound = plan_lower_bound(src, dst);
     std::string steps;
     for (const PlanStep& s : plan.steps) steps += (steps.empty() ? "" : " + ") + std::string(name(s.kind));
@@ -220,13 +214,8 @@ void bench(const Options& options, const char* argv0) {
     }
   }
   if (rank() == 0) {
-    const std::string path = !options.json.empty()
-                                 ? options.json
-                                 : (std::filesystem::path(argv0).parent_path() /
-                                    ("redistribute_bench_" + std::string(mpi ? "mpi" : "threads") + ".json"))
-                                       .string();
-    std::ofstream(path) << nlohmann::json{{"ranks", world_size()}, {"mib", options.mib}, {"rows", rows}}.dump(2);
-    std::printf("json: %s\n", path.c_str());
+    bench_util::write_json({{"ranks", world_size()}, {"mib", options.mib}, {"rows", rows}}, options.json, argv0,
+                           "redistribute_bench");
   }
 }
 

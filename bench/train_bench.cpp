@@ -4,7 +4,6 @@
 // (tensor parallel + fully sharded), data parallel over 4 (DDP), tensor parallel over 4.
 // Ratios are of medians measured in the same run; on a machine with fewer cores than ranks the
 // ranks share cores, so the ratio shows overhead, not speedup.
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -16,6 +15,8 @@
 #include <tessera/nn/optim.hpp>
 #include <tessera/nn/parallel.hpp>
 #include <tessera/tessera.hpp>
+
+#include "bench_util.hpp"
 
 using namespace tessera;
 
@@ -79,9 +80,7 @@ Result measure(int ranks, std::vector<int64_t> mesh_shape, const std::function<v
       collectives = comm.total_count();
     }
     if (rank() != 0) return;
-    std::sort(times.begin(), times.end());
-    std::sort(shares.begin(), shares.end());
-    result = {times[times.size() / 2], shares[shares.size() / 2], collectives};
+    result = {bench_util::median(times), bench_util::median(shares), collectives};
   });
   return result;
 }
