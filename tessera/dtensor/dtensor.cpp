@@ -136,8 +136,7 @@ DTensor::DTensor(Tensor local, DeviceMesh mesh, Layout layout)
     local_ = local_.detach();
     autograd::record<DTensor, Tensor>("from_local", *this, {&source},
                                       [mesh = mesh_, target = gradient_layout(*layout_)](const DTensor& g) {
-                                        const DTensor moved = g.layout() == target ? g : g.redistribute(mesh, target);
-                                        return std::vector<Tensor>{moved.to_local()};
+                                        return std::vector<Tensor>{g.redistribute(mesh, target).to_local()};
                                       });
   }
 }
@@ -249,7 +248,7 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Layout& layout) cons
   if (autograd::needs_grad<DTensor>({this}))
     autograd::record<DTensor>("redistribute", out, {this},
                               [mesh = mesh_, source = gradient_layout(*layout_)](const DTensor& g) {
-                                return std::vector<DTensor>{g.layout() == source ? g : g.redistribute(mesh, source)};
+                                return std::vector<DTensor>{g.redistribute(mesh, source)};
                               });
   return out;
 }

@@ -42,7 +42,7 @@ DTensor& DTensor::requires_grad_(bool on) {
   meta->accumulate = [mesh = mesh_, target = gradient_layout(*layout_)](autograd::Meta& leaf,
                                                                         const std::any& incoming) {
     DTensor grad = cast(std::any_cast<const DTensor&>(incoming), target.dtype(), mesh);
-    if (!(grad.layout() == target)) grad = grad.redistribute(mesh, target);
+    grad = grad.redistribute(mesh, target);  // no-op when it is there already
     if (leaf.grad.has_value()) grad = add(std::any_cast<const DTensor&>(leaf.grad), grad);
     leaf.grad = grad;
   };

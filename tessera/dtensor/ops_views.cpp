@@ -28,9 +28,7 @@ void record_permute(DTensor& out, const DTensor& x, const std::vector<int64_t>& 
 void record_narrow(DTensor& out, const DTensor& x, int64_t dim, int64_t start, int64_t length) {
   derivatives::record_unary("narrow", out, x,
                             [shape = x.shape(), dim, start, length](const DTensor& g, const DTensor&, const DTensor&) {
-                              Placements placements = g.placements();
-                              for (auto& p : placements)
-                                if (is_partial(p)) p = Replicate{};
+                              const Placements placements = gradient_layout(g.layout()).placements();
                               std::vector<DTensor> pieces;
                               const auto zeros_of = [&](int64_t size) {
                                 Shape piece = shape;
