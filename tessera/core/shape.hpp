@@ -99,4 +99,36 @@ int64_t normalize_dim(int64_t dim, int64_t ndim, const char* op, const Shape& sh
 /// Numpy broadcasting of two shapes. Throws ValueError naming op and both shapes if incompatible.
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 
+// Shape logic shared by the Tensor ops, the DTensor ops, their sharding rules and derivatives:
+// written once so that one mistake gives one error text on either type. Pure.
+
+/// The dims of a reduction: each normalised as normalize_dim does, ascending; every dim when
+/// `dims` is empty. A 0-d shape accepts 0 and -1 and reduces nothing. Throws ValueError naming op
+/// and shape for a dim out of range or repeated. Example: ([-1, 0], [4, 5, 6]) -> [0, 2].
+DimVector normalize_dims(const std::vector<int64_t>& dims, const Shape& shape, const char* op);
+
+/// The shape of a reduction over normalised `dims`: removed, or kept as 1 with keepdim.
+Shape reduced_shape(const Shape& shape, const DimVector& dims, bool keepdim);
+
+/// `requested` with its one -1 (if any) replaced so that it holds numel elements. Throws
+/// ValueError naming op and `from` for a second -1, a negative size or a count mismatch.
+Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from, const char* op);
+
+/// The shape expand gives: -1 keeps a dim, size-1 dims stretch, new leading dims are prepended.
+/// Throws ValueError naming "expand" and both shapes otherwise.
+Shape expand_shape(const Shape& from, const Shape& requested);
+
+/// cat (stacking false) or stack of tensors of `shapes` along `dim`: the normalised dim and the
+/// result's shape. Throws ValueError naming the op and the shapes for none, 0-d inputs of cat,
+/// or shapes that differ (outside dim, for cat).
+struct JoinedShape {
+  int64_t dim;
+  Shape shape;
+};
+JoinedShape joined_shape(const std::vector<Shape>& shapes, int64_t dim, bool stacking);
+
+/// The shape flatten(start_dim, end_dim) gives: those dims merged into one ([1] for a 0-d shape).
+/// Throws ValueError naming "flatten" and the shape for dims out of range or in the wrong order.
+Shape flatten_shape(const Shape& shape, int64_t start_dim, int64_t end_dim);
+
 }  // namespace tessera

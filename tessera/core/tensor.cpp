@@ -19,29 +19,6 @@ std::pair<int64_t, int64_t> extent(const Shape& shape, const Strides& strides, i
   return {lo, hi};
 }
 
-// Replaces one -1 by the size that makes numel match. Throws ValueError naming op.
-Shape infer_shape(const Shape& requested, int64_t numel, const Shape& from, const char* op) {
-  Shape shape = requested;
-  int64_t known = 1, infer_at = -1;
-  for (int64_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == -1) {
-      TESSERA_CHECK(infer_at < 0, ValueError, op, "only one dim can be -1 in ", requested.to_string());
-      infer_at = d;
-    } else {
-      TESSERA_CHECK(shape[d] >= 0, ValueError, op, "invalid size ", shape[d], " in ", requested.to_string());
-      known *= shape[d];
-    }
-  }
-  if (infer_at >= 0) {
-    TESSERA_CHECK(known != 0 && numel % known == 0, ValueError, op, "shape ", requested.to_string(),
-                  " is invalid for input of shape ", from.to_string(), " (", numel, " elements)");
-    shape[infer_at] = numel / known;
-  }
-  TESSERA_CHECK(shape.numel() == numel, ValueError, op, "shape ", requested.to_string(),
-                " is invalid for input of shape ", from.to_string(), " (", numel, " elements)");
-  return shape;
-}
-
 // Strides that express `shape` over the same elements as (old_shape, old_strides), or false.
 // Walks chunks of old dims that are contiguous with each other (PyTorch's computeStride).
 bool view_strides(const Shape& old_shape, const Strides& old_strides, const Shape& shape, Strides& out) {
@@ -305,48 +282,16 @@ Tensor Tensor::squeeze(int64_t dim) const {
 
 Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
   check_defined("flatten");
-  if (ndim() == 0) return reshape({1});
-  const int64_t s = normalize_dim(start_dim, ndim(), "flatten", shape_);
-  const int64_t e = normalize_dim(end_dim, ndim(), "flatten", shape_);
-  TESSERA_CHECK(s <= e, ValueError, "flatten", "start_dim ", start_dim, " comes after end_dim ", end_dim,
-                " for shape ", shape_.to_string());
-  Shape shape;
-  for (int64_t d = 0; d < s; ++d) shape.push_back(shape_[d]);
-  int64_t merged = 1;
-  for (int64_t d = s; d <= e; ++d) merged *= shape_[d];
-  shape.push_back(merged);
-  for (int64_t d = e + 1; d < ndim(); ++d) shape.push_back(shape_[d]);
-  return reshape(shape);
+  return reshape(flatten_shape(shape_, start_dim, end_dim));
 }
 
 Tensor Tensor::expand(const Shape& requested) const {
   check_defined("expand");
-  const int64_t n = requested.size();
-  TESSERA_CHECK(n >= ndim(), ValueError, "expand", "cannot expand shape ", shape_.to_string(), " to ",
-                requested.to_string(), " (fewer dims)");
-  Shape shape = Shape::filled(n, 0);
+  const Shape shape = expand_shape(shape_, requested);
+  const int64_t n = shape.size(), lead = n - ndim();
   Strides strides = Strides::filled(n, 0);
-  for (int64_t i = n - 1; i >= 0; --i) {
-    const int64_t j = i - (n - ndim());  // matching dim of this tensor, or < 0 for a new leading dim
-    const int64_t want = requested[i];
-    if (j < 0) {
-      TESSERA_CHECK(want >= 0, ValueError, "expand", "size -1 not allowed for new leading dim ", i, " in ",
-                    requested.to_string());
-      shape[i] = want;
-      strides[i] = 0;
-      continue;
-    }
-    const int64_t have = shape_[j];
-    if (want == -1 || want == have) {
-      shape[i] = have;
-      strides[i] = strides_[j];
-    } else {
-      TESSERA_CHECK(have == 1 && want >= 0, ValueError, "expand", "cannot expand shape ", shape_.to_string(), " to ",
-                    requested.to_string(), " (dim ", i, ": ", have, " vs ", want, ")");
-      shape[i] = want;
-      strides[i] = 0;
-    }
-  }
+  for (int64_t i = lead; i < n; ++i)
+    if (shape[i] == shape_[i - lead]) strides[i] = strides_[i - lead];
   return recorded("expand", Tensor(storage_, shape, strides, offset_, dtype_), *this,
                   [in = shape_](const Tensor& g) { return autograd::GradOps<Tensor>::sum_to(g, in); });
 }

@@ -23,7 +23,7 @@ namespace {
 struct Entry {
   int op = 0;
   std::vector<std::shared_ptr<const Layout>> inputs;  // keep the key's layouts alive
-  DimVector args;
+  OpArgs args;
   detail::Decision decision;
 };
 
@@ -37,15 +37,15 @@ thread_local Cache cache;
 
 constexpr size_t kMaxEntries = 16384;  // a bound, not a policy: programs use few layouts
 
-size_t key_hash(int op, std::span<const DTensor* const> inputs, const DimVector& args) {
+size_t key_hash(int op, std::span<const DTensor* const> inputs, const OpArgs& args) {
   size_t h = static_cast<size_t>(op) * 0x9e3779b97f4a7c15ULL;
   const auto mix = [&](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
   for (const DTensor* t : inputs) mix(t->layout().hash());
-  for (int64_t a : args) mix(static_cast<size_t>(a));
+  mix(hash_value(args));
   return h;
 }
 
-bool matches(const Entry& e, int op, std::span<const DTensor* const> inputs, const DimVector& args) {
+bool matches(const Entry& e, int op, std::span<const DTensor* const> inputs, const OpArgs& args) {
   if (e.op != op || e.inputs.size() != inputs.size() || !(e.args == args)) return false;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!(*e.inputs[i] == inputs[i]->layout())) return false;
@@ -58,7 +58,7 @@ std::string describe(std::span<const DTensor* const> inputs) {
   return text;
 }
 
-detail::Decision decide(int op, std::span<const DTensor* const> inputs, const DimVector& args) {
+detail::Decision decide(int op, std::span<const DTensor* const> inputs, const OpArgs& args) {
   const std::string name = rule_registry().name(op);
   const auto rule = rule_registry().rule(op);
   TESSERA_CHECK(rule != nullptr, ShardingError, name, "no sharding rule for op '", name, "' on inputs ",
@@ -103,7 +103,7 @@ void clear_dispatch_cache() { cache.entries.clear(); }
 
 namespace detail {
 
-DTensor dispatch(int op, std::span<const DTensor* const> inputs, const DimVector& args, Kernel kernel) {
+DTensor dispatch(int op, std::span<const DTensor* const> inputs, const OpArgs& args, Kernel kernel) {
   const DeviceMesh& mesh = inputs.front()->device_mesh();
   const uint64_t version = rule_registry().version();
   if (cache.version != version) {

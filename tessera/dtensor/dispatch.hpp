@@ -61,11 +61,12 @@ struct Decision {
   Shape output_local_shape;
 };
 
-/// Runs `kernel(locals, decision)` for op `op_id` (from rule_registry().id) on the shards.
+/// Runs `kernel(locals, decision)` for op `op_id` (RuleRegistry::id of an OpId, or of a user op's
+/// name) on the shards.
 /// Throws ShardingError naming the op for a missing rule, inputs on different meshes, undefined
 /// inputs or a rank outside the mesh.
 using Kernel = FunctionRef<Tensor(std::span<const Tensor> locals, const Decision& decision)>;
-DTensor dispatch(int op_id, std::span<const DTensor* const> inputs, const DimVector& args, Kernel kernel);
+DTensor dispatch(int op_id, std::span<const DTensor* const> inputs, const OpArgs& args, Kernel kernel);
 
 /// Wraps an already-validated local (the dispatcher's output path; no block check).
 struct DTensorAccess {

@@ -12,32 +12,24 @@
 #include <tessera/core/scalar.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/ops/nn.hpp>
+#include <tessera/ops/op_table.hpp>
 
 namespace tessera {
 
-// --- elementwise (binary ops broadcast; see ops/elementwise.hpp for dtypes) --------------------
-#define TESSERA_DTENSOR_BINARY_DECL(name)                    \
-  DTensor name(const DTensor& a, const DTensor& b);          \
-  DTensor name(const DTensor& a, Scalar b);                  \
-  DTensor name(Scalar a, const DTensor& b);                  \
-  DTensor name(const DTensor& a, const Tensor& b);           \
+// --- elementwise: every elementwise row of the op table (ops/op_table.hpp); binary ops broadcast,
+// take a Scalar or a 0-d Tensor on either side; dtypes as in ops/elementwise.hpp -------------------
+#define TESSERA_DTENSOR_UNARY_DECL(name, ...) DTensor name(const DTensor& x);
+TESSERA_UNARY_OPS(TESSERA_DTENSOR_UNARY_DECL)
+#undef TESSERA_DTENSOR_UNARY_DECL
+#define TESSERA_DTENSOR_BINARY_DECL(name, ...)       \
+  DTensor name(const DTensor& a, const DTensor& b); \
+  DTensor name(const DTensor& a, Scalar b);         \
+  DTensor name(Scalar a, const DTensor& b);         \
+  DTensor name(const DTensor& a, const Tensor& b);  \
   DTensor name(const Tensor& a, const DTensor& b);
-TESSERA_DTENSOR_BINARY_DECL(add)
-TESSERA_DTENSOR_BINARY_DECL(sub)
-TESSERA_DTENSOR_BINARY_DECL(mul)
-TESSERA_DTENSOR_BINARY_DECL(div)
-TESSERA_DTENSOR_BINARY_DECL(pow)
-TESSERA_DTENSOR_BINARY_DECL(maximum)
-TESSERA_DTENSOR_BINARY_DECL(minimum)
-TESSERA_DTENSOR_BINARY_DECL(eq)
-TESSERA_DTENSOR_BINARY_DECL(ne)
-TESSERA_DTENSOR_BINARY_DECL(lt)
-TESSERA_DTENSOR_BINARY_DECL(le)
-TESSERA_DTENSOR_BINARY_DECL(gt)
-TESSERA_DTENSOR_BINARY_DECL(ge)
+TESSERA_BINARY_OPS(TESSERA_DTENSOR_BINARY_DECL)
+TESSERA_COMPARISON_OPS(TESSERA_DTENSOR_BINARY_DECL)
 #undef TESSERA_DTENSOR_BINARY_DECL
-DTensor logical_and(const DTensor& a, const DTensor& b);
-DTensor logical_or(const DTensor& a, const DTensor& b);
 DTensor logical_not(const DTensor& x);
 
 DTensor operator+(const DTensor& a, const DTensor& b);
@@ -54,20 +46,6 @@ DTensor operator/(const DTensor& a, Scalar b);
 DTensor operator/(Scalar a, const DTensor& b);
 DTensor operator-(const DTensor& x);
 
-DTensor neg(const DTensor& x);
-DTensor abs(const DTensor& x);
-DTensor relu(const DTensor& x);
-DTensor sign(const DTensor& x);
-DTensor exp(const DTensor& x);
-DTensor log(const DTensor& x);
-DTensor sqrt(const DTensor& x);
-DTensor rsqrt(const DTensor& x);
-DTensor sin(const DTensor& x);
-DTensor cos(const DTensor& x);
-DTensor tanh(const DTensor& x);
-DTensor sigmoid(const DTensor& x);
-DTensor gelu(const DTensor& x);
-DTensor silu(const DTensor& x);
 DTensor clamp(const DTensor& x, Scalar lo, Scalar hi);
 
 /// cond ? a : b; with a Partial a and b of one op (cond not Partial) the result stays Partial.

@@ -13,49 +13,43 @@ namespace tessera {
 
 using detail::call_op;
 using detail::Decision;
-using detail::op_id;
 using Locals = std::span<const Tensor>;
 
 DTensor matmul(const DTensor& a, const DTensor& b) {
-  static const int id = op_id("matmul");
-  return detail::recorded(call_op(id, {&a, &b}, DimVector{}, [](Locals l) { return matmul(l[0], l[1]); }),
+  return detail::recorded(call_op(OpId::matmul, {&a, &b}, OpArgs{}, [](Locals l) { return matmul(l[0], l[1]); }),
                           [&](DTensor& out) { derivatives::record_matmul("matmul", out, a, b); });
 }
 
 DTensor bmm(const DTensor& a, const DTensor& b) {
-  static const int id = op_id("bmm");
   TESSERA_CHECK(a.ndim() == 3 && b.ndim() == 3 && a.shape()[0] == b.shape()[0], ValueError, "bmm",
                 "expected two 3-d tensors of equal batch size, got ", a.shape().to_string(), " and ",
                 b.shape().to_string());
-  return detail::recorded(call_op(id, {&a, &b}, DimVector{}, [](Locals l) { return bmm(l[0], l[1]); }),
+  return detail::recorded(call_op(OpId::bmm, {&a, &b}, OpArgs{}, [](Locals l) { return bmm(l[0], l[1]); }),
                           [&](DTensor& out) { derivatives::record_matmul("bmm", out, a, b); });
 }
 
 DTensor linear(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias) {
-  static const int id = op_id("linear");
   TESSERA_CHECK(x.ndim() >= 1, ValueError, "linear", "input of shape ", x.shape().to_string(),
                 " must have at least one dim");
   const auto kernel = [&](Locals l) { return linear(l[0], l[1], bias ? std::optional<Tensor>(l[2]) : std::nullopt); };
   if (bias)
-    return detail::recorded(call_op(id, {&x, &weight, &*bias}, DimVector{1}, kernel),
+    return detail::recorded(call_op(OpId::linear, {&x, &weight, &*bias}, OpArgs{}, kernel),
                             [&](DTensor& out) { derivatives::record_linear(out, x, weight, bias); });
-  return detail::recorded(call_op(id, {&x, &weight}, DimVector{0}, kernel),
+  return detail::recorded(call_op(OpId::linear, {&x, &weight}, OpArgs{}, kernel),
                           [&](DTensor& out) { derivatives::record_linear(out, x, weight, bias); });
 }
 
 DTensor softmax(const DTensor& x, int64_t dim) {
-  static const int id = op_id("softmax");
-  const int64_t d = detail::normalized_dim(dim, std::max<int64_t>(x.ndim(), 1), x.shape(), "softmax");
+  const int64_t d = normalize_dim(dim, x.ndim(), "softmax", x.shape());
   return detail::recorded(
-      call_op(id, {&x}, DimVector{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return softmax(l[0], dim); }),
+      call_op(OpId::softmax, {&x}, DimArgs{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return softmax(l[0], dim); }),
       [&](DTensor& out) { derivatives::record_softmax(out, x, dim, false); });
 }
 
 DTensor log_softmax(const DTensor& x, int64_t dim) {
-  static const int id = op_id("log_softmax");
-  const int64_t d = detail::normalized_dim(dim, std::max<int64_t>(x.ndim(), 1), x.shape(), "log_softmax");
+  const int64_t d = normalize_dim(dim, x.ndim(), "log_softmax", x.shape());
   return detail::recorded(
-      call_op(id, {&x}, DimVector{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return log_softmax(l[0], dim); }),
+      call_op(OpId::log_softmax, {&x}, DimArgs{x.ndim() == 0 ? -1 : d}, [&](Locals l) { return log_softmax(l[0], dim); }),
       [&](DTensor& out) { derivatives::record_softmax(out, x, dim, true); });
 }
 
@@ -73,48 +67,33 @@ void check_normalized_shape(const DTensor& x, const Shape& normalized_shape, con
 
 DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight,
                    const std::optional<DTensor>& bias, double eps) {
-  static const int id = op_id("layer_norm");
   check_normalized_shape(x, normalized_shape, "layer_norm");
-  const DimVector args{normalized_shape.size(), weight.has_value(), bias.has_value()};
-  const auto kernel = [&](Locals l) {
-    size_t next = 1;
-    std::optional<Tensor> w, b;
-    if (weight) w = l[next++];
-    if (bias) b = l[next++];
-    return layer_norm(l[0], normalized_shape, w, b, eps);
-  };
-  if (weight && bias)
-    return detail::recorded(call_op(id, {&x, &*weight, &*bias}, args, kernel), [&](DTensor& out) {
-      derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
-    });
-  if (weight)
-    return detail::recorded(call_op(id, {&x, &*weight}, args, kernel), [&](DTensor& out) {
-      derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
-    });
-  if (bias)
-    return detail::recorded(call_op(id, {&x, &*bias}, args, kernel), [&](DTensor& out) {
-      derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
-    });
-  return detail::recorded(call_op(id, {&x}, args, kernel), [&](DTensor& out) {
-    derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
-  });
+  std::vector<const DTensor*> inputs{&x};
+  if (weight) inputs.push_back(&*weight);
+  if (bias) inputs.push_back(&*bias);
+  DTensor out = detail::dispatch(RuleRegistry::id(OpId::layer_norm), inputs, NormArgs{normalized_shape.size()},
+                                 [&](Locals l, const Decision&) {
+                                   size_t next = 1;
+                                   std::optional<Tensor> w, b;
+                                   if (weight) w = l[next++];
+                                   if (bias) b = l[next++];
+                                   return layer_norm(l[0], normalized_shape, w, b, eps);
+                                 });
+  derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
+  return out;
 }
 
 DTensor rms_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight, double eps) {
-  static const int id = op_id("rms_norm");
   check_normalized_shape(x, normalized_shape, "rms_norm");
-  const DimVector args{normalized_shape.size(), weight.has_value()};
-  const auto kernel = [&](Locals l) {
-    return rms_norm(l[0], normalized_shape, weight ? std::optional<Tensor>(l[1]) : std::nullopt, eps);
-  };
-  if (weight)
-    return detail::recorded(call_op(id, {&x, &*weight}, args, kernel), [&](DTensor& out) {
-      derivatives::record_norm("rms_norm", out, x, normalized_shape.size(), weight, std::optional<DTensor>(), eps,
-                               false);
-    });
-  return detail::recorded(call_op(id, {&x}, args, kernel), [&](DTensor& out) {
-    derivatives::record_norm("rms_norm", out, x, normalized_shape.size(), weight, std::optional<DTensor>(), eps, false);
-  });
+  std::vector<const DTensor*> inputs{&x};
+  if (weight) inputs.push_back(&*weight);
+  DTensor out = detail::dispatch(RuleRegistry::id(OpId::rms_norm), inputs, NormArgs{normalized_shape.size()},
+                                 [&](Locals l, const Decision&) {
+                                   return rms_norm(l[0], normalized_shape,
+                                                   weight ? std::optional<Tensor>(l[1]) : std::nullopt, eps);
+                                 });
+  derivatives::record_norm("rms_norm", out, x, normalized_shape.size(), weight, std::optional<DTensor>(), eps, false);
+  return out;
 }
 
 namespace {
@@ -153,8 +132,7 @@ void check_index_range(const DTensor& indices, int64_t count, std::optional<int6
 void record_embedding(DTensor& out, const DTensor& weight, const DTensor& indices) {
   if (!autograd::needs_grad<DTensor>({&weight})) return;
   autograd::record<DTensor>("embedding", out, {&weight}, [w = weight.detach(), indices](const DTensor& g) {
-    static const int id = op_id("embedding_backward");
-    DTensor grad = call_op(id, {&w, &g, &indices}, DimVector{}, [](Locals l, const Decision& d) {
+    DTensor grad = call_op(OpId::embedding_backward, {&w, &g, &indices}, OpArgs{}, [](Locals l, const Decision& d) {
       const Block& rows = d.blocks[0];
       const auto [shifted, mask] = local_rows(l[2], rows.begin[0], rows.end[0]);
       // Indices outside the block were sent to row 0 by local_rows: send them out of range instead.
@@ -168,14 +146,13 @@ void record_embedding(DTensor& out, const DTensor& weight, const DTensor& indice
 }  // namespace
 
 DTensor embedding(const DTensor& weight, const DTensor& indices) {
-  static const int id = op_id("embedding");
   TESSERA_CHECK(weight.ndim() == 2, ValueError, "embedding", "weight of shape ", weight.shape().to_string(),
                 " must be 2-d [num_embeddings, dim]");
   TESSERA_CHECK(is_index_dtype(indices.dtype()), ValueError, "embedding", "indices must be integers (i32, i64, u8), got ",
                 name(indices.dtype()));
   const int64_t vocab = weight.shape()[0];
   check_index_range(indices, vocab, std::nullopt, "embedding", "index");
-  return detail::recorded(call_op(id, {&weight, &indices}, DimVector{},
+  return detail::recorded(call_op(OpId::embedding, {&weight, &indices}, OpArgs{},
                                   [&](Locals l, const Decision& d) {
                                     const Block& rows = d.blocks[0];
                                     if (rows.begin[0] == 0 && rows.end[0] == vocab) return embedding(l[0], l[1]);
@@ -195,8 +172,7 @@ void record_class_pick(DTensor& out, const DTensor& logits, const DTensor& targe
   if (!autograd::needs_grad<DTensor>({&logits})) return;
   autograd::record<DTensor>(
       "class_pick", out, {&logits, &target}, [x = logits.detach(), target, class_dim](const DTensor& g) {
-        static const int id = op_id("class_pick_backward");
-        DTensor grad = call_op(id, {&x, &g, &target}, DimVector{class_dim}, [&](Locals l, const Decision& d) {
+        DTensor grad = call_op(OpId::class_pick_backward, {&x, &g, &target}, DimArgs{class_dim}, [&](Locals l, const Decision& d) {
           const int64_t begin = d.blocks[0].begin[class_dim], count = l[0].shape()[class_dim];
           Shape along = Shape::filled(l[0].ndim(), 1);
           along[class_dim] = count;
@@ -211,8 +187,7 @@ void record_class_pick(DTensor& out, const DTensor& logits, const DTensor& targe
 // logits' value at each target class along class_dim; with the class dim sharded each rank picks
 // what it holds (zero elsewhere), a Partial(sum). Targets outside the block (ignore_index) give 0.
 DTensor class_pick(const DTensor& logits, const DTensor& target, int64_t class_dim) {
-  static const int id = op_id("class_pick");
-  return detail::recorded(call_op(id, {&logits, &target}, DimVector{class_dim},
+  return detail::recorded(call_op(OpId::class_pick, {&logits, &target}, DimArgs{class_dim},
                                   [&](Locals l, const Decision& d) {
                                     const int64_t begin = d.blocks[0].begin[class_dim], count = l[0].shape()[class_dim];
                                     Shape along = Shape::filled(l[0].ndim(), 1);

@@ -14,15 +14,12 @@ namespace tessera {
 
 using detail::call_op;
 using detail::Decision;
-using detail::op_id;
 using Locals = std::span<const Tensor>;
 
 namespace {
 
-DimVector encode(int64_t first, const std::vector<int64_t>& dims) {
-  DimVector args{first};
-  for (int64_t d : dims) args.push_back(d);
-  return args;
+ReduceArgs encode(bool keepdim, const std::vector<int64_t>& dims, int64_t correction = 0) {
+  return ReduceArgs{DimVector(dims), keepdim, correction};
 }
 
 // The identity of max (lowest value) or min (highest) in a dtype: what an empty shard contributes.
@@ -38,13 +35,11 @@ Scalar extreme(DType dtype, bool lowest) {
 
 DTensor extremum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim, bool is_max) {
   const char* name = is_max ? "amax" : "amin";
-  static const int max_id = op_id("amax");
-  static const int min_id = op_id("amin");
-  const auto reduced = detail::normalized_dims(dims, x.shape(), name);
+  const auto reduced = normalize_dims(dims, x.shape(), name).vec();
   for (int64_t d : reduced)
     TESSERA_CHECK(x.shape()[d] > 0, ValueError, name, "reducing the zero-size dim ", d, " of shape ",
                   x.shape().to_string());
-  return detail::recorded(call_op(is_max ? max_id : min_id, {&x}, encode(keepdim, reduced),
+  return detail::recorded(call_op(is_max ? OpId::amax : OpId::amin, {&x}, encode(keepdim, reduced),
                                   [&](Locals l, const Decision& d) {
                                     bool empty_shard = false;
                                     for (int64_t dim : reduced) empty_shard |= l[0].shape()[dim] == 0;
@@ -55,20 +50,24 @@ DTensor extremum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdi
                           [&](DTensor& out) { derivatives::record_extreme_reduction(name, out, x, reduced, keepdim); });
 }
 
+std::vector<int64_t> every_dim(int64_t ndim) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < ndim; ++d) dims.push_back(d);
+  return dims;
+}
+
 }  // namespace
 
 DTensor sum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  static const int id = op_id("sum");
-  const auto reduced = detail::normalized_dims(dims, x.shape(), "sum");
+  const auto reduced = normalize_dims(dims, x.shape(), "sum").vec();
   return detail::recorded(
-      call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l) { return sum(l[0], reduced, keepdim); }),
+      call_op(OpId::sum, {&x}, encode(keepdim, reduced), [&](Locals l) { return sum(l[0], reduced, keepdim); }),
       [&](DTensor& out) { derivatives::record_sum(out, x, reduced, keepdim, false); });
 }
 
 DTensor mean(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  static const int id = op_id("mean");
-  const auto reduced = detail::normalized_dims(dims, x.shape(), "mean");
-  return detail::recorded(call_op(id, {&x}, encode(keepdim, reduced),
+  const auto reduced = normalize_dims(dims, x.shape(), "mean").vec();
+  return detail::recorded(call_op(OpId::mean, {&x}, encode(keepdim, reduced),
                                   [&](Locals l, const Decision& d) {
                                     // A contraction the rule made P(sum) (uneven shards): local sum over the global
                                     // count.
@@ -87,10 +86,9 @@ DTensor mean(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 DTensor prod(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
-  static const int id = op_id("prod");
-  const auto reduced = detail::normalized_dims(dims, x.shape(), "prod");
+  const auto reduced = normalize_dims(dims, x.shape(), "prod").vec();
   return detail::recorded(
-      call_op(id, {&x}, encode(keepdim, reduced), [&](Locals l) { return prod(l[0], reduced, keepdim); }),
+      call_op(OpId::prod, {&x}, encode(keepdim, reduced), [&](Locals l) { return prod(l[0], reduced, keepdim); }),
       [&](DTensor& out) { derivatives::record_prod(out, x, reduced, keepdim); });
 }
 
@@ -102,11 +100,8 @@ DTensor amin(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 DTensor var(const DTensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
-  static const int id = op_id("var");
-  const auto reduced = detail::normalized_dims(dims, x.shape(), "var");
-  DimVector args{keepdim, correction};
-  for (int64_t d : reduced) args.push_back(d);
-  return detail::recorded(call_op(id, {&x}, args, [&](Locals l) { return var(l[0], reduced, correction, keepdim); }),
+  const auto reduced = normalize_dims(dims, x.shape(), "var").vec();
+  return detail::recorded(call_op(OpId::var, {&x}, encode(keepdim, reduced, correction), [&](Locals l) { return var(l[0], reduced, correction, keepdim); }),
                           [&](DTensor& out) { derivatives::record_var(out, x, reduced, correction, keepdim); });
 }
 
@@ -114,12 +109,10 @@ namespace {
 
 DTensor arg_extremum(const DTensor& x, std::optional<int64_t> dim, bool keepdim, bool is_max) {
   const char* name = is_max ? "argmax" : "argmin";
-  static const int max_id = op_id("argmax");
-  static const int min_id = op_id("argmin");
   std::optional<int64_t> d;
-  if (dim) d = detail::normalized_dim(*dim, std::max<int64_t>(x.ndim(), 1), x.shape(), name);
+  if (dim) d = normalize_dim(*dim, x.ndim(), name, x.shape());
   if (x.ndim() == 0) d.reset();
-  return call_op(is_max ? max_id : min_id, {&x}, DimVector{keepdim, d ? *d : -1}, [&](Locals l) {
+  return call_op(is_max ? OpId::argmax : OpId::argmin, {&x}, encode(keepdim, d ? std::vector<int64_t>{*d} : every_dim(x.ndim())), [&](Locals l) {
     return is_max ? argmax(l[0], d, keepdim) : argmin(l[0], d, keepdim);
   });
 }

@@ -12,7 +12,6 @@ namespace tessera {
 
 using detail::call_op;
 using detail::Decision;
-using detail::op_id;
 using Locals = std::span<const Tensor>;
 
 namespace {
@@ -46,23 +45,9 @@ void record_narrow(DTensor& out, const DTensor& x, int64_t dim, int64_t start, i
 }  // namespace
 
 DTensor reshape(const DTensor& x, const Shape& shape) {
-  static const int id = op_id("reshape");
-  Shape resolved = shape;
-  int64_t known = 1, infer = -1;
-  for (int64_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == -1) {
-      TESSERA_CHECK(infer < 0, ValueError, "reshape", "more than one -1 in ", shape.to_string());
-      infer = d;
-    } else {
-      TESSERA_CHECK(shape[d] >= 0, ValueError, "reshape", "negative size in ", shape.to_string());
-      known *= shape[d];
-    }
-  }
-  if (infer >= 0 && known > 0) resolved[infer] = x.numel() / known;
-  TESSERA_CHECK(resolved.numel() == x.numel() && (infer < 0 || known > 0), ValueError, "reshape", "cannot reshape ",
-                x.shape().to_string(), " (", x.numel(), " elements) to ", shape.to_string());
+  const Shape resolved = infer_shape(shape, x.numel(), x.shape(), "reshape");
   return detail::recorded(
-      call_op(id, {&x}, resolved, [](Locals l, const Decision& d) { return l[0].reshape(d.output_local_shape); }),
+      call_op(OpId::reshape, {&x}, ShapeArgs{resolved}, [](Locals l, const Decision& d) { return l[0].reshape(d.output_local_shape); }),
       [&](DTensor& out) {
         derivatives::record_unary(
             "reshape", out, x,
@@ -73,23 +58,11 @@ DTensor reshape(const DTensor& x, const Shape& shape) {
 DTensor view(const DTensor& x, const Shape& shape) { return reshape(x, shape); }
 
 DTensor flatten(const DTensor& x, int64_t start_dim, int64_t end_dim) {
-  const int64_t nd = std::max<int64_t>(x.ndim(), 1);
-  const int64_t s = detail::normalized_dim(start_dim, nd, x.shape(), "flatten");
-  const int64_t e = detail::normalized_dim(end_dim, nd, x.shape(), "flatten");
-  TESSERA_CHECK(s <= e, ValueError, "flatten", "start_dim ", start_dim, " comes after end_dim ", end_dim, " for shape ",
-                x.shape().to_string());
-  if (x.ndim() == 0) return reshape(x, Shape{1});
-  Shape shape;
-  for (int64_t d = 0; d < s; ++d) shape.push_back(x.shape()[d]);
-  int64_t merged = 1;
-  for (int64_t d = s; d <= e; ++d) merged *= x.shape()[d];
-  shape.push_back(merged);
-  for (int64_t d = e + 1; d < x.ndim(); ++d) shape.push_back(x.shape()[d]);
-  return reshape(x, shape);
+  return reshape(x, flatten_shape(x.shape(), start_dim, end_dim));
 }
 
 DTensor unsqueeze(const DTensor& x, int64_t dim) {
-  const int64_t d = detail::normalized_dim(dim, x.ndim() + 1, x.shape(), "unsqueeze");
+  const int64_t d = normalize_dim(dim, x.ndim() + 1, "unsqueeze", x.shape());
   Shape shape = x.shape();
   shape.insert(d, 1);
   return reshape(x, shape);
@@ -103,7 +76,7 @@ DTensor squeeze(const DTensor& x) {
 }
 
 DTensor squeeze(const DTensor& x, int64_t dim) {
-  const int64_t d = detail::normalized_dim(dim, std::max<int64_t>(x.ndim(), 1), x.shape(), "squeeze");
+  const int64_t d = normalize_dim(dim, x.ndim(), "squeeze", x.shape());
   if (x.ndim() == 0 || x.shape()[d] != 1) return x;
   Shape shape = x.shape();
   shape.erase(d);
@@ -111,7 +84,6 @@ DTensor squeeze(const DTensor& x, int64_t dim) {
 }
 
 DTensor permute(const DTensor& x, const std::vector<int64_t>& dims) {
-  static const int id = op_id("permute");
   const int64_t nd = x.ndim();
   std::vector<int64_t> normalized;
   for (int64_t d : dims) normalized.push_back(d < 0 ? d + nd : d);
@@ -121,14 +93,14 @@ DTensor permute(const DTensor& x, const std::vector<int64_t>& dims) {
   for (int64_t i = 0; is_permutation && i < nd; ++i) is_permutation = sorted[static_cast<size_t>(i)] == i;
   TESSERA_CHECK(is_permutation, ValueError, "permute", "dims ", Shape(dims).to_string(),
                 " are not a permutation of the dims of ", x.shape().to_string());
-  return detail::recorded(call_op(id, {&x}, DimVector(normalized), [&](Locals l) { return l[0].permute(normalized); }),
+  return detail::recorded(call_op(OpId::permute, {&x}, ShapeArgs{DimVector(normalized)}, [&](Locals l) { return l[0].permute(normalized); }),
                           [&](DTensor& out) { record_permute(out, x, normalized); });
 }
 
 DTensor transpose(const DTensor& x, int64_t dim0, int64_t dim1) {
   const int64_t nd = std::max<int64_t>(x.ndim(), 1);
-  const int64_t a = detail::normalized_dim(dim0, nd, x.shape(), "transpose");
-  const int64_t b = detail::normalized_dim(dim1, nd, x.shape(), "transpose");
+  const int64_t a = normalize_dim(dim0, nd, "transpose", x.shape());
+  const int64_t b = normalize_dim(dim1, nd, "transpose", x.shape());
   if (x.ndim() == 0 || a == b) return x;
   std::vector<int64_t> dims(static_cast<size_t>(x.ndim()));
   for (int64_t d = 0; d < x.ndim(); ++d) dims[static_cast<size_t>(d)] = d;
@@ -137,19 +109,9 @@ DTensor transpose(const DTensor& x, int64_t dim0, int64_t dim1) {
 }
 
 DTensor expand(const DTensor& x, const Shape& shape) {
-  static const int id = op_id("expand");
-  const int64_t offset = shape.size() - x.ndim();
-  bool ok = offset >= 0;
-  Shape resolved = shape;
-  for (int64_t d = 0; ok && d < x.ndim(); ++d) {
-    int64_t& s = resolved[d + offset];
-    if (s == -1) s = x.shape()[d];
-    ok = s == x.shape()[d] || x.shape()[d] == 1;
-  }
-  for (int64_t d = 0; ok && d < offset; ++d) ok = resolved[d] >= 0;
-  TESSERA_CHECK(ok, ValueError, "expand", "cannot expand ", x.shape().to_string(), " to ", shape.to_string());
+  const Shape resolved = expand_shape(x.shape(), shape);
   return detail::recorded(
-      call_op(id, {&x}, resolved, [](Locals l, const Decision& d) { return l[0].expand(d.output_local_shape); }),
+      call_op(OpId::expand, {&x}, ShapeArgs{resolved}, [](Locals l, const Decision& d) { return l[0].expand(d.output_local_shape); }),
       [&](DTensor& out) {
         derivatives::record_unary("expand", out, x,
                                   [shape = x.shape()](const DTensor& g, const DTensor&, const DTensor&) {
@@ -159,12 +121,12 @@ DTensor expand(const DTensor& x, const Shape& shape) {
 }
 
 DTensor narrow(const DTensor& x, int64_t dim, int64_t start, int64_t length) {
-  static const int id = op_id("narrow");
-  const int64_t d = detail::normalized_dim(dim, x.ndim(), x.shape(), "narrow");
+  TESSERA_CHECK(x.ndim() > 0, ValueError, "narrow", "cannot narrow a 0-d tensor");
+  const int64_t d = normalize_dim(dim, x.ndim(), "narrow", x.shape());
   if (start < 0) start += x.shape()[d];
   TESSERA_CHECK(start >= 0 && length >= 0 && start + length <= x.shape()[d], ValueError, "narrow", "range [", start,
                 ", ", start + length, ") out of dim ", dim, " of shape ", x.shape().to_string());
-  return detail::recorded(call_op(id, {&x}, DimVector{d, start, length},
+  return detail::recorded(call_op(OpId::narrow, {&x}, NarrowArgs{d, start, length},
                                   [&](Locals l, const Decision& dec) {
                                     const int64_t begin = dec.blocks[0].begin[d];
                                     const int64_t local_start = std::clamp<int64_t>(start - begin, 0, l[0].shape()[d]);
@@ -174,7 +136,8 @@ DTensor narrow(const DTensor& x, int64_t dim, int64_t start, int64_t length) {
 }
 
 DTensor select(const DTensor& x, int64_t dim, int64_t index) {
-  const int64_t d = detail::normalized_dim(dim, x.ndim(), x.shape(), "select");
+  TESSERA_CHECK(x.ndim() > 0, ValueError, "select", "cannot select from a 0-d tensor");
+  const int64_t d = normalize_dim(dim, x.ndim(), "select", x.shape());
   const int64_t size = x.shape()[d];
   TESSERA_CHECK(index >= -size && index < size, ValueError, "select", "index ", index, " out of range for dim ", dim,
                 " of shape ", x.shape().to_string());
@@ -186,21 +149,12 @@ DTensor select(const DTensor& x, int64_t dim, int64_t index) {
 namespace {
 
 DTensor join(const std::vector<DTensor>& tensors, int64_t dim, bool stacking) {
-  const char* name = stacking ? "stack" : "cat";
-  static const int cat_id = op_id("cat");
-  static const int stack_id = op_id("stack");
-  TESSERA_CHECK(!tensors.empty(), ValueError, name, "needs at least one tensor");
-  const Shape& first = tensors.front().shape();
-  const int64_t d = detail::normalized_dim(dim, first.size() + (stacking ? 1 : 0), first, name);
-  for (const auto& t : tensors) {
-    bool ok = t.ndim() == first.size();
-    for (int64_t i = 0; ok && i < first.size(); ++i) ok = t.shape()[i] == first[i] || (!stacking && i == d);
-    TESSERA_CHECK(ok, ValueError, name, "shapes ", first.to_string(), " and ", t.shape().to_string(),
-                  stacking ? " differ" : " differ outside dim " + std::to_string(d));
-  }
+  std::vector<Shape> shapes;
+  for (const auto& t : tensors) shapes.push_back(t.shape());
+  const int64_t d = joined_shape(shapes, dim, stacking).dim;
   std::vector<const DTensor*> inputs;
   for (const auto& t : tensors) inputs.push_back(&t);
-  DTensor out = detail::dispatch(stacking ? stack_id : cat_id, inputs, DimVector{d},
+  DTensor out = detail::dispatch(RuleRegistry::id(stacking ? OpId::stack : OpId::cat), inputs, DimArgs{d},
                                  [&](std::span<const Tensor> l, const Decision&) {
                                    const std::vector<Tensor> locals(l.begin(), l.end());
                                    return stacking ? stack(locals, d) : cat(locals, d);
@@ -218,7 +172,8 @@ DTensor cat(const std::vector<DTensor>& tensors, int64_t dim) { return join(tens
 DTensor stack(const std::vector<DTensor>& tensors, int64_t dim) { return join(tensors, dim, true); }
 
 std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
-  const int64_t d = detail::normalized_dim(dim, x.ndim(), x.shape(), "split");
+  TESSERA_CHECK(x.ndim() > 0, ValueError, "split", "expects a tensor with at least 1 dim");
+  const int64_t d = normalize_dim(dim, x.ndim(), "split", x.shape());
   int64_t total = 0;
   for (int64_t s : sizes) {
     TESSERA_CHECK(s >= 0, ValueError, "split", "negative size in ", Shape(sizes).to_string());
@@ -236,7 +191,8 @@ std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, 
 }
 
 std::vector<DTensor> split(const DTensor& x, int64_t split_size, int64_t dim) {
-  const int64_t d = detail::normalized_dim(dim, x.ndim(), x.shape(), "split");
+  TESSERA_CHECK(x.ndim() > 0, ValueError, "split", "expects a tensor with at least 1 dim");
+  const int64_t d = normalize_dim(dim, x.ndim(), "split", x.shape());
   TESSERA_CHECK(split_size > 0 || x.shape()[d] == 0, ValueError, "split", "split_size ", split_size,
                 " must be positive");
   std::vector<int64_t> sizes;
@@ -248,7 +204,8 @@ std::vector<DTensor> split(const DTensor& x, int64_t split_size, int64_t dim) {
 
 std::vector<DTensor> chunk(const DTensor& x, int64_t chunks, int64_t dim) {
   TESSERA_CHECK(chunks >= 1, ValueError, "chunk", "chunks ", chunks, " must be at least 1");
-  const int64_t d = detail::normalized_dim(dim, x.ndim(), x.shape(), "chunk");
+  TESSERA_CHECK(x.ndim() > 0, ValueError, "chunk", "expects a tensor with at least 1 dim");
+  const int64_t d = normalize_dim(dim, x.ndim(), "chunk", x.shape());
   const int64_t size = x.shape()[d];
   return split(x, std::max<int64_t>((size + chunks - 1) / chunks, 1), d);
 }

@@ -7,7 +7,7 @@ namespace tessera {
 
 void register_sharding(const std::string& op, const std::string& equation) {
   const FactorRule rule = FactorRule::parse(equation);
-  rule_registry().set(op, [rule, op](const std::vector<const Layout*>& inputs, const DimVector&) {
+  rule_registry().set(op, [rule, op](const std::vector<const Layout*>& inputs, const OpArgs&) {
     return factor_proposals(rule, inputs, op);
   });
 }
@@ -15,7 +15,7 @@ void register_sharding(const std::string& op, const std::string& equation) {
 void register_sharding(const std::string& op, ShardingRowsFn rows, OutputShapeFn output_shape) {
   TESSERA_CHECK(rows != nullptr, ValueError, "register_sharding", "empty rule for op '", op, "'");
   rule_registry().set(op, [rows = std::move(rows), output_shape = std::move(output_shape), op](
-                              const std::vector<const Layout*>& inputs, const DimVector&) {
+                              const std::vector<const Layout*>& inputs, const OpArgs&) {
     std::vector<Layout> given;
     std::vector<Shape> shapes;
     for (const auto* in : inputs) {
@@ -51,7 +51,7 @@ DTensor call_sharded(const std::string& op, const std::vector<DTensor>& inputs,
   std::vector<const DTensor*> pointers;
   for (const auto& t : inputs) pointers.push_back(&t);
   const int id = rule_registry().id(op);
-  return detail::dispatch(id, pointers, DimVector{}, [&](std::span<const Tensor> locals, const detail::Decision& d) {
+  return detail::dispatch(id, pointers, OpArgs{}, [&](std::span<const Tensor> locals, const detail::Decision& d) {
     Tensor out = kernel(std::vector<Tensor>(locals.begin(), locals.end()));
     TESSERA_CHECK(out.defined() && out.shape() == d.output_local_shape, ShardingError, op, "the kernel of '", op,
                   "' returned ", out.defined() ? out.shape().to_string() : std::string("(undefined)"),

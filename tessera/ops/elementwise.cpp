@@ -13,63 +13,6 @@ namespace tessera {
 
 namespace {
 
-// Signed integer overflow is undefined in C++; tensors wrap like PyTorch's, so integer
-// add/sub/mul/neg go through the unsigned type.
-template <class T>
-T wrap(auto op, T a, T b) {
-  if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    return static_cast<T>(op(static_cast<U>(a), static_cast<U>(b)));
-  } else {
-    return static_cast<T>(op(a, b));
-  }
-}
-
-struct Add {
-  template <class T> T operator()(T a, T b) const { return wrap([](auto x, auto y) { return x + y; }, a, b); }
-};
-struct Sub {
-  template <class T> T operator()(T a, T b) const { return wrap([](auto x, auto y) { return x - y; }, a, b); }
-};
-struct Mul {
-  template <class T> T operator()(T a, T b) const { return wrap([](auto x, auto y) { return x * y; }, a, b); }
-};
-struct Div {
-  template <class T> T operator()(T a, T b) const { return a / b; }  // floating only
-};
-struct Pow {
-  template <class T>
-  T operator()(T a, T b) const {
-    if constexpr (std::is_floating_point_v<T>) {
-      return std::pow(a, b);
-    } else if constexpr (std::is_same_v<T, bool>) {
-      return a || !b;
-    } else {  // exponentiation by squaring, wrapping like the other integer ops
-      T result = 1;
-      for (T e = b, base = a; e > 0; e = static_cast<T>(e >> 1)) {
-        if (e & 1) result = Mul{}(result, base);
-        base = Mul{}(base, base);
-      }
-      return result;
-    }
-  }
-};
-// NaN propagates: a NaN operand wins.
-struct Maximum {
-  template <class T> T operator()(T a, T b) const { return (a != a || a > b) ? a : b; }
-};
-struct Minimum {
-  template <class T> T operator()(T a, T b) const { return (a != a || a < b) ? a : b; }
-};
-struct Eq { template <class T> bool operator()(T a, T b) const { return a == b; } };
-struct Ne { template <class T> bool operator()(T a, T b) const { return a != b; } };
-struct Lt { template <class T> bool operator()(T a, T b) const { return a < b; } };
-struct Le { template <class T> bool operator()(T a, T b) const { return a <= b; } };
-struct Gt { template <class T> bool operator()(T a, T b) const { return a > b; } };
-struct Ge { template <class T> bool operator()(T a, T b) const { return a >= b; } };
-struct And { template <class T> bool operator()(T a, T b) const { return a != T(0) && b != T(0); } };
-struct Or { template <class T> bool operator()(T a, T b) const { return a != T(0) || b != T(0); } };
-
 void check_defined(const Tensor& t, const char* op) {
   TESSERA_CHECK(t.defined(), ValueError, op, "tensor is undefined (default-constructed)");
 }
@@ -95,22 +38,6 @@ Tensor binary(const char* op_name, const Tensor& a, const Tensor& b, DType compu
   return result;
 }
 
-// The public binary entry points, each in one line: dtype rule then kernel.
-template <class Op>
-Tensor arithmetic(const char* op_name, const Tensor& a, const Tensor& b, const Op& op) {
-  check_defined(a, op_name);
-  check_defined(b, op_name);
-  const DType dt = promote_types(a.dtype(), b.dtype());
-  return binary(op_name, a, b, dt, dt, op);
-}
-
-template <class Op>
-Tensor comparison(const char* op_name, const Tensor& a, const Tensor& b, const Op& op) {
-  check_defined(a, op_name);
-  check_defined(b, op_name);
-  return binary(op_name, a, b, promote_types(a.dtype(), b.dtype()), DType::b8, op);
-}
-
 // Applies f to x and a scalar (as a 0-d tensor of the dtype the op computes in). With an
 // f16/bf16 result the op runs in f32 and rounds once, as PyTorch does: rounding the scalar to
 // 16 bits first would round twice (f16 * 0.1 differed from PyTorch for a third of inputs).
@@ -129,65 +56,19 @@ Tensor with_scalar(const Tensor& x, Scalar s, const char* op, bool scalar_first,
 
 DType floating_or_f32(DType dtype) { return is_floating(dtype) ? dtype : DType::f32; }
 
-template <class Op>
-Tensor unary(const char* op_name, const Tensor& x, DType dtype, const Op& op) {
-  check_defined(x, op_name);
-  const Tensor in = x.to(dtype);
-  Tensor result = empty(x.shape(), dtype);
-  visit(dtype, [&]<class T>(TypeTag<T>) {
-    detail::strided_loop<2>(x.shape(), {&result.strides(), &in.strides()}, {detail::bytes(result), detail::bytes(in)},
-                            {result.itemsize(), in.itemsize()},
-                            [&](const detail::Run<2>& run) { detail::unary_run<T, T>(run, op); });
-  });
-  return result;
-}
-
-template <class Op>
-Tensor floating_unary(const char* op_name, const Tensor& x, const Op& op) {
-  check_defined(x, op_name);
-  return unary(op_name, x, floating_or_f32(x.dtype()), op);
-}
-
 void check_not_bool(const Tensor& x, const char* op) {
   TESSERA_CHECK(x.dtype() != DType::b8, ValueError, op, "unsupported dtype b8 for input of shape ",
                 x.shape().to_string(), "; expected a numeric dtype");
 }
 
-}  // namespace
+enum class DTypeRule { numeric, keep, floating, promote, promote_floating, predicate };
 
-Tensor add(const Tensor& a, const Tensor& b) {
-  Tensor out = arithmetic("add", a, b, Add{});
-  derivatives::record_add(out, a, b);
-  return out;
-}
-Tensor sub(const Tensor& a, const Tensor& b) {
-  check_defined(a, "sub");
-  check_defined(b, "sub");
-  TESSERA_CHECK(a.dtype() != DType::b8 || b.dtype() != DType::b8, ValueError, "sub",
-                "subtracting two b8 tensors (shapes ", a.shape().to_string(), " and ", b.shape().to_string(),
-                ") is not supported; use logical_and/logical_not");
-  Tensor out = arithmetic("sub", a, b, Sub{});
-  derivatives::record_sub(out, a, b);
-  return out;
-}
-Tensor mul(const Tensor& a, const Tensor& b) {
-  Tensor out = arithmetic("mul", a, b, Mul{});
-  derivatives::record_mul(out, a, b);
-  return out;
-}
-Tensor div(const Tensor& a, const Tensor& b) {
-  check_defined(a, "div");
-  check_defined(b, "div");
-  const DType dt = floating_or_f32(promote_types(a.dtype(), b.dtype()));
-  Tensor out = binary("div", a, b, dt, dt, Div{});
-  derivatives::record_div(out, a, b);
-  return out;
-}
-Tensor pow(const Tensor& a, const Tensor& b) {
-  check_defined(a, "pow");
-  check_defined(b, "pow");
-  const DType dt = promote_types(a.dtype(), b.dtype());
-  if (is_integral(dt)) {
+// The checks of particular ops beyond their dtype rule, before anything is computed.
+void check_binary(OpId op, const Tensor& a, const Tensor& b) {
+  if (op == OpId::sub) {
+    TESSERA_CHECK(a.dtype() != DType::b8 || b.dtype() != DType::b8, ValueError, "sub", "subtracting two b8 tensors (shapes ",
+                  a.shape().to_string(), " and ", b.shape().to_string(), ") is not supported; use logical_and/logical_not");
+  } else if (op == OpId::pow && is_integral(promote_types(a.dtype(), b.dtype()))) {
     const bool negative = visit(b.dtype(), [&]<class T>(TypeTag<T>) {
       if constexpr (std::is_signed_v<T> && std::is_integral_v<T>) {
         for (T v : b.to_vector<T>())
@@ -198,61 +79,79 @@ Tensor pow(const Tensor& a, const Tensor& b) {
     TESSERA_CHECK(!negative, ValueError, "pow", "integer base of shape ", a.shape().to_string(),
                   " raised to a negative integer exponent; convert to a floating dtype first");
   }
-  Tensor out = binary("pow", a, b, dt, dt, Pow{});
-  derivatives::record_pow(out, a, b);
-  return out;
-}
-Tensor maximum(const Tensor& a, const Tensor& b) {
-  Tensor out = arithmetic("maximum", a, b, Maximum{});
-  derivatives::record_extremum("maximum", out, a, b, true);
-  return out;
-}
-Tensor minimum(const Tensor& a, const Tensor& b) {
-  Tensor out = arithmetic("minimum", a, b, Minimum{});
-  derivatives::record_extremum("minimum", out, a, b, false);
-  return out;
 }
 
-Tensor add(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "add", false, [](const Tensor& x, const Tensor& y) { return add(x, y); });
+// Checked before the scalar takes x's dtype: as u8, pow's exponent -1 would wrap to 255 and pass.
+void check_scalar(OpId op, const Tensor& x, Scalar s, bool scalar_first) {
+  if (op == OpId::pow && !scalar_first)
+    TESSERA_CHECK(s.is_floating() || is_floating(x.dtype()) || s.to_int() >= 0, ValueError, "pow", "integer base of shape ",
+                  x.shape().to_string(), " raised to a negative integer exponent; convert to a floating dtype first");
 }
-Tensor add(Scalar a, const Tensor& b) {
-  return with_scalar(b, a, "add", true, [](const Tensor& x, const Tensor& y) { return add(x, y); });
+
+// The dtype rule is a template argument so that each kernel is instantiated only for the element
+// types it can meet (exp never for integers, neg never for bool).
+template <DTypeRule rule, class Kernel>
+Tensor unary_op(OpId op, const Tensor& x, const Kernel& kernel) {
+  const char* name = op_name(op);
+  check_defined(x, name);
+  if constexpr (rule == DTypeRule::numeric) check_not_bool(x, name);
+  const DType dtype = rule == DTypeRule::floating ? floating_or_f32(x.dtype()) : x.dtype();
+  const Tensor in = x.to(dtype);
+  Tensor result = empty(x.shape(), dtype);
+  const auto loop = [&]<class T>(TypeTag<T>) {
+    detail::strided_loop<2>(x.shape(), {&result.strides(), &in.strides()}, {detail::bytes(result), detail::bytes(in)},
+                            {result.itemsize(), in.itemsize()},
+                            [&](const detail::Run<2>& run) { detail::unary_run<T, T>(run, kernel); });
+  };
+  if constexpr (rule == DTypeRule::floating)
+    visit_floating(dtype, name, loop);
+  else if constexpr (rule == DTypeRule::numeric)
+    visit_numeric(dtype, name, loop);
+  else
+    visit(dtype, loop);
+  return result;
 }
-Tensor sub(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "sub", false, [](const Tensor& x, const Tensor& y) { return sub(x, y); });
+
+template <class Kernel>
+Tensor binary_op(OpId op, const Tensor& a, const Tensor& b, DTypeRule rule, const Kernel& kernel) {
+  const char* name = op_name(op);
+  check_defined(a, name);
+  check_defined(b, name);
+  check_binary(op, a, b);
+  DType compute = promote_types(a.dtype(), b.dtype());
+  if (rule == DTypeRule::promote_floating) compute = floating_or_f32(compute);
+  return binary(name, a, b, compute, rule == DTypeRule::predicate ? DType::b8 : compute, kernel);
 }
-Tensor sub(Scalar a, const Tensor& b) {
-  return with_scalar(b, a, "sub", true, [](const Tensor& x, const Tensor& y) { return sub(x, y); });
-}
-Tensor mul(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "mul", false, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
-}
-Tensor mul(Scalar a, const Tensor& b) {
-  return with_scalar(b, a, "mul", true, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
-}
-Tensor div(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "div", false, [](const Tensor& x, const Tensor& y) { return div(x, y); });
-}
-Tensor div(Scalar a, const Tensor& b) {
-  return with_scalar(b, a, "div", true, [](const Tensor& x, const Tensor& y) { return div(x, y); });
-}
-Tensor pow(const Tensor& a, Scalar b) {
-  // Checked before the scalar takes a's dtype: as u8, -1 would wrap to 255 and pass pow's check.
-  check_defined(a, "pow");
-  TESSERA_CHECK(b.is_floating() || is_floating(a.dtype()) || b.to_int() >= 0, ValueError, "pow", "integer base of shape ",
-                a.shape().to_string(), " raised to a negative integer exponent; convert to a floating dtype first");
-  return with_scalar(a, b, "pow", false, [](const Tensor& x, const Tensor& y) { return pow(x, y); });
-}
-Tensor pow(Scalar a, const Tensor& b) {
-  return with_scalar(b, a, "pow", true, [](const Tensor& x, const Tensor& y) { return pow(x, y); });
-}
-Tensor maximum(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "maximum", false, [](const Tensor& x, const Tensor& y) { return maximum(x, y); });
-}
-Tensor minimum(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "minimum", false, [](const Tensor& x, const Tensor& y) { return minimum(x, y); });
-}
+
+}  // namespace
+
+// Every elementwise row of the op table: dtype rule, kernel (tessera::kernels), derivative.
+#define TESSERA_DEFINE_UNARY(name, dtype_rule, ...)                                 \
+  Tensor name(const Tensor& x) {                                                   \
+    Tensor out = unary_op<DTypeRule::dtype_rule>(OpId::name, x, kernels::name{});     \
+    derivatives::record_unary<OpId::name>(out, x);                                 \
+    return out;                                                                    \
+  }
+TESSERA_UNARY_OPS(TESSERA_DEFINE_UNARY)
+#undef TESSERA_DEFINE_UNARY
+
+#define TESSERA_DEFINE_BINARY(name, dtype_rule, ...)                                                        \
+  Tensor name(const Tensor& a, const Tensor& b) {                                                          \
+    Tensor out = binary_op(OpId::name, a, b, DTypeRule::dtype_rule, kernels::name{});                      \
+    derivatives::record_binary<OpId::name>(out, a, b);                                                     \
+    return out;                                                                                            \
+  }                                                                                                        \
+  Tensor name(const Tensor& a, Scalar b) {                                                                 \
+    check_scalar(OpId::name, a, b, false);                                                                 \
+    return with_scalar(a, b, #name, false, [](const Tensor& x, const Tensor& y) { return name(x, y); });   \
+  }                                                                                                        \
+  Tensor name(Scalar a, const Tensor& b) {                                                                 \
+    check_scalar(OpId::name, b, a, true);                                                                  \
+    return with_scalar(b, a, #name, true, [](const Tensor& x, const Tensor& y) { return name(x, y); });    \
+  }
+TESSERA_BINARY_OPS(TESSERA_DEFINE_BINARY)
+TESSERA_COMPARISON_OPS(TESSERA_DEFINE_BINARY)
+#undef TESSERA_DEFINE_BINARY
 
 Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
@@ -268,32 +167,6 @@ Tensor operator/(const Tensor& a, Scalar b) { return div(a, b); }
 Tensor operator/(Scalar a, const Tensor& b) { return div(a, b); }
 Tensor operator-(const Tensor& a) { return neg(a); }
 
-Tensor eq(const Tensor& a, const Tensor& b) { return comparison("eq", a, b, Eq{}); }
-Tensor ne(const Tensor& a, const Tensor& b) { return comparison("ne", a, b, Ne{}); }
-Tensor lt(const Tensor& a, const Tensor& b) { return comparison("lt", a, b, Lt{}); }
-Tensor le(const Tensor& a, const Tensor& b) { return comparison("le", a, b, Le{}); }
-Tensor gt(const Tensor& a, const Tensor& b) { return comparison("gt", a, b, Gt{}); }
-Tensor ge(const Tensor& a, const Tensor& b) { return comparison("ge", a, b, Ge{}); }
-Tensor eq(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "eq", false, [](const Tensor& x, const Tensor& y) { return eq(x, y); });
-}
-Tensor ne(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "ne", false, [](const Tensor& x, const Tensor& y) { return ne(x, y); });
-}
-Tensor lt(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "lt", false, [](const Tensor& x, const Tensor& y) { return lt(x, y); });
-}
-Tensor le(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "le", false, [](const Tensor& x, const Tensor& y) { return le(x, y); });
-}
-Tensor gt(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "gt", false, [](const Tensor& x, const Tensor& y) { return gt(x, y); });
-}
-Tensor ge(const Tensor& a, Scalar b) {
-  return with_scalar(a, b, "ge", false, [](const Tensor& x, const Tensor& y) { return ge(x, y); });
-}
-Tensor logical_and(const Tensor& a, const Tensor& b) { return comparison("logical_and", a, b, And{}); }
-Tensor logical_or(const Tensor& a, const Tensor& b) { return comparison("logical_or", a, b, Or{}); }
 Tensor logical_not(const Tensor& a) {
   check_defined(a, "logical_not");
   return eq(a.to(DType::b8), scalar_tensor(false, DType::b8));
@@ -330,92 +203,6 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
   return where(mask, scalar_tensor(value, x.dtype()), x);  // the fill value takes x's dtype
 }
 
-Tensor neg(const Tensor& x) {
-  check_defined(x, "neg");
-  check_not_bool(x, "neg");
-  Tensor out = unary("neg", x, x.dtype(), [](auto v) { return Sub{}(decltype(v)(0), v); });
-  derivatives::record_unary("neg", derivatives::Unary::neg, out, x);
-  return out;
-}
-Tensor abs(const Tensor& x) {
-  check_defined(x, "abs");
-  check_not_bool(x, "abs");
-  Tensor out = unary("abs", x, x.dtype(), [](auto v) { return v < decltype(v)(0) ? Sub{}(decltype(v)(0), v) : v; });
-  derivatives::record_unary("abs", derivatives::Unary::abs, out, x);
-  return out;
-}
-Tensor relu(const Tensor& x) {
-  check_defined(x, "relu");
-  check_not_bool(x, "relu");
-  Tensor out = unary("relu", x, x.dtype(), [](auto v) { return v > decltype(v)(0) || v != v ? v : decltype(v)(0); });
-  derivatives::record_unary("relu", derivatives::Unary::relu, out, x);
-  return out;
-}
-Tensor sign(const Tensor& x) {
-  check_defined(x, "sign");
-  Tensor out = unary("sign", x, x.dtype(), [](auto v) {
-    using T = decltype(v);
-    if constexpr (std::is_same_v<T, bool>)
-      return v;
-    else
-      return v != v ? v : static_cast<T>((T(0) < v) - (v < T(0)));
-  });
-  derivatives::record_unary("sign", derivatives::Unary::sign, out, x);
-  return out;
-}
-Tensor exp(const Tensor& x) {
-  Tensor out = floating_unary("exp", x, [](auto v) { return std::exp(v); });
-  derivatives::record_unary("exp", derivatives::Unary::exp, out, x);
-  return out;
-}
-Tensor log(const Tensor& x) {
-  Tensor out = floating_unary("log", x, [](auto v) { return std::log(v); });
-  derivatives::record_unary("log", derivatives::Unary::log, out, x);
-  return out;
-}
-Tensor sqrt(const Tensor& x) {
-  Tensor out = floating_unary("sqrt", x, [](auto v) { return std::sqrt(v); });
-  derivatives::record_unary("sqrt", derivatives::Unary::sqrt, out, x);
-  return out;
-}
-Tensor rsqrt(const Tensor& x) {
-  Tensor out = floating_unary("rsqrt", x, [](auto v) { return decltype(v)(1) / std::sqrt(v); });
-  derivatives::record_unary("rsqrt", derivatives::Unary::rsqrt, out, x);
-  return out;
-}
-Tensor sin(const Tensor& x) {
-  Tensor out = floating_unary("sin", x, [](auto v) { return std::sin(v); });
-  derivatives::record_unary("sin", derivatives::Unary::sin, out, x);
-  return out;
-}
-Tensor cos(const Tensor& x) {
-  Tensor out = floating_unary("cos", x, [](auto v) { return std::cos(v); });
-  derivatives::record_unary("cos", derivatives::Unary::cos, out, x);
-  return out;
-}
-Tensor tanh(const Tensor& x) {
-  Tensor out = floating_unary("tanh", x, [](auto v) { return std::tanh(v); });
-  derivatives::record_unary("tanh", derivatives::Unary::tanh, out, x);
-  return out;
-}
-Tensor sigmoid(const Tensor& x) {
-  Tensor out = floating_unary("sigmoid", x, [](auto v) { return decltype(v)(1) / (decltype(v)(1) + std::exp(-v)); });
-  derivatives::record_unary("sigmoid", derivatives::Unary::sigmoid, out, x);
-  return out;
-}
-Tensor gelu(const Tensor& x) {
-  Tensor out = floating_unary("gelu", x, [](auto v) {
-    using T = decltype(v);
-    return T(0.5) * v * (T(1) + std::erf(v * T(0.70710678118654752440)));
-  });
-  derivatives::record_unary("gelu", derivatives::Unary::gelu, out, x);
-  return out;
-}
-Tensor silu(const Tensor& x) {
-  Tensor out = floating_unary("silu", x, [](auto v) { return v / (decltype(v)(1) + std::exp(-v)); });
-  derivatives::record_unary("silu", derivatives::Unary::silu, out, x);
-  return out;
-}
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi) {
   check_defined(x, "clamp");
   TESSERA_CHECK(lo.to_double() <= hi.to_double(), ValueError, "clamp", "lower bound ", lo.to_string(),

@@ -4,33 +4,29 @@
 // makes it f32; a floating x keeps its dtype. f16/bf16 compute in f32.
 // Throws ValueError naming the op and both shapes if shapes do not broadcast.
 #include <tessera/core/tensor.hpp>
+#include <tessera/ops/op_table.hpp>
 
 namespace tessera {
 
-// --- binary arithmetic -------------------------------------------------------------------------
-Tensor add(const Tensor& a, const Tensor& b);
-Tensor sub(const Tensor& a, const Tensor& b);
-Tensor mul(const Tensor& a, const Tensor& b);
-/// True division: integer inputs give f32 (as in PyTorch).
-Tensor div(const Tensor& a, const Tensor& b);
-/// a ** b; integer inputs stay integral (negative exponents of integers throw ValueError).
-Tensor pow(const Tensor& a, const Tensor& b);
-/// Elementwise max/min; NaN propagates.
-Tensor maximum(const Tensor& a, const Tensor& b);
-Tensor minimum(const Tensor& a, const Tensor& b);
+// --- the elementwise rows of the op table (ops/op_table.hpp) -----------------------------------
+// Unary: neg abs relu sign exp log sqrt rsqrt sin cos tanh sigmoid gelu (exact erf form) silu
+// log1p expm1 erf. neg, abs and relu keep the dtype and refuse b8; sign keeps any dtype; the
+// others give floating results (integer and b8 inputs give f32).
+#define TESSERA_DECLARE_UNARY(name, ...) Tensor name(const Tensor& x);
+TESSERA_UNARY_OPS(TESSERA_DECLARE_UNARY)
+#undef TESSERA_DECLARE_UNARY
 
-Tensor add(const Tensor& a, Scalar b);
-Tensor add(Scalar a, const Tensor& b);
-Tensor sub(const Tensor& a, Scalar b);
-Tensor sub(Scalar a, const Tensor& b);
-Tensor mul(const Tensor& a, Scalar b);
-Tensor mul(Scalar a, const Tensor& b);
-Tensor div(const Tensor& a, Scalar b);
-Tensor div(Scalar a, const Tensor& b);
-Tensor pow(const Tensor& a, Scalar b);
-Tensor pow(Scalar a, const Tensor& b);
-Tensor maximum(const Tensor& a, Scalar b);
-Tensor minimum(const Tensor& a, Scalar b);
+// Binary, each also with a Scalar on either side: add sub mul div (true division: integers give
+// f32) pow (integers stay integral; a negative integer exponent throws ValueError) maximum
+// minimum (NaN propagates); comparisons eq ne lt le gt ge and logical_and logical_or (non-zero is
+// true) give b8.
+#define TESSERA_DECLARE_BINARY(name, ...)         \
+  Tensor name(const Tensor& a, const Tensor& b); \
+  Tensor name(const Tensor& a, Scalar b);        \
+  Tensor name(Scalar a, const Tensor& b);
+TESSERA_BINARY_OPS(TESSERA_DECLARE_BINARY)
+TESSERA_COMPARISON_OPS(TESSERA_DECLARE_BINARY)
+#undef TESSERA_DECLARE_BINARY
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);
@@ -46,22 +42,7 @@ Tensor operator/(const Tensor& a, Scalar b);
 Tensor operator/(Scalar a, const Tensor& b);
 Tensor operator-(const Tensor& a);
 
-// --- comparisons (result b8) -----------------------------------------------------------------
-Tensor eq(const Tensor& a, const Tensor& b);
-Tensor ne(const Tensor& a, const Tensor& b);
-Tensor lt(const Tensor& a, const Tensor& b);
-Tensor le(const Tensor& a, const Tensor& b);
-Tensor gt(const Tensor& a, const Tensor& b);
-Tensor ge(const Tensor& a, const Tensor& b);
-Tensor eq(const Tensor& a, Scalar b);
-Tensor ne(const Tensor& a, Scalar b);
-Tensor lt(const Tensor& a, Scalar b);
-Tensor le(const Tensor& a, Scalar b);
-Tensor gt(const Tensor& a, Scalar b);
-Tensor ge(const Tensor& a, Scalar b);
-/// Logical ops on anything (non-zero is true); result b8.
-Tensor logical_and(const Tensor& a, const Tensor& b);
-Tensor logical_or(const Tensor& a, const Tensor& b);
+/// Logical not (non-zero is true); result b8.
 Tensor logical_not(const Tensor& a);
 
 /// cond ? a : b elementwise, all three broadcast; cond is converted to b8.
@@ -71,25 +52,6 @@ Tensor where(const Tensor& cond, Scalar a, const Tensor& b);
 /// x with value wherever mask is true (mask broadcasts to x's shape).
 Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value);
 
-// --- unary -------------------------------------------------------------------------------------
-/// Keep the dtype (integer in, integer out). neg and abs throw ValueError for b8.
-Tensor neg(const Tensor& x);
-Tensor abs(const Tensor& x);
-Tensor relu(const Tensor& x);
-Tensor sign(const Tensor& x);
-/// Floating results: integer and bool inputs give f32.
-Tensor exp(const Tensor& x);
-Tensor log(const Tensor& x);
-Tensor sqrt(const Tensor& x);
-Tensor rsqrt(const Tensor& x);
-Tensor sin(const Tensor& x);
-Tensor cos(const Tensor& x);
-Tensor tanh(const Tensor& x);
-Tensor sigmoid(const Tensor& x);
-/// GELU, exact (erf) form, as PyTorch's default.
-Tensor gelu(const Tensor& x);
-/// SiLU (swish): x * sigmoid(x).
-Tensor silu(const Tensor& x);
 /// Clamps into [lo, hi].
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi);
 

@@ -28,14 +28,8 @@ ReducedDims reduced_dims(const Tensor& x, const std::vector<int64_t>& dims, bool
   TESSERA_CHECK(x.defined(), ValueError, op, "tensor is undefined (default-constructed)");
   ReducedDims r;
   const int64_t ndim = x.ndim();
-  r.reduced.assign(static_cast<size_t>(ndim), dims.empty());
-  for (int64_t d : dims) {
-    const int64_t nd = normalize_dim(d, ndim, op, x.shape());
-    if (ndim == 0) continue;
-    TESSERA_CHECK(!r.reduced[static_cast<size_t>(nd)], ValueError, op, "dim ", nd, " appears more than once in the reduction dims of shape ",
-                  x.shape().to_string());
-    r.reduced[static_cast<size_t>(nd)] = true;
-  }
+  r.reduced.assign(static_cast<size_t>(ndim), false);
+  for (int64_t d : normalize_dims(dims, x.shape(), op)) r.reduced[static_cast<size_t>(d)] = true;
   r.kept_shape = x.shape();
   for (int64_t d = 0; d < ndim; ++d) {
     if (!r.reduced[static_cast<size_t>(d)]) {

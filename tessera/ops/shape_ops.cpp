@@ -7,31 +7,13 @@
 
 namespace tessera {
 
-namespace {
-std::string shapes_text(const std::vector<Tensor>& tensors) {
-  std::string text;
-  for (const Tensor& t : tensors) text += (text.empty() ? "" : ", ") + (t.defined() ? t.shape().to_string() : "undefined");
-  return text;
-}
-}  // namespace
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  TESSERA_CHECK(!tensors.empty(), ValueError, "cat", "expects at least one tensor");
-  for (const Tensor& t : tensors)
-    TESSERA_CHECK(t.defined() && t.ndim() > 0, ValueError, "cat", "cannot join 0-d or undefined tensors (shapes ",
-                  shapes_text(tensors), ")");
-  const Tensor& first = tensors.front();
-  const int64_t d = normalize_dim(dim, first.ndim(), "cat", first.shape());
-  Shape out_shape = first.shape();
-  DType dtype = first.dtype();
-  out_shape[d] = 0;
-  for (const Tensor& t : tensors) {
-    bool match = t.ndim() == first.ndim();
-    for (int64_t i = 0; match && i < t.ndim(); ++i) match = i == d || t.shape()[i] == first.shape()[i];
-    TESSERA_CHECK(match, ValueError, "cat", "shapes ", shapes_text(tensors), " differ outside dim ", d);
-    out_shape[d] += t.shape()[d];
-    dtype = promote_types(dtype, t.dtype());
-  }
+  std::vector<Shape> shapes;
+  for (const Tensor& t : tensors) shapes.push_back(t.defined() ? t.shape() : Shape());
+  const auto [d, out_shape] = joined_shape(shapes, dim, false);
+  DType dtype = tensors.front().dtype();
+  for (const Tensor& t : tensors) dtype = promote_types(dtype, t.dtype());
   Tensor out = empty(out_shape, dtype);
   int64_t at = 0;
   for (const Tensor& t : tensors) {
@@ -43,11 +25,12 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  TESSERA_CHECK(!tensors.empty(), ValueError, "stack", "expects at least one tensor");
-  for (const Tensor& t : tensors)
-    TESSERA_CHECK(t.defined() && t.shape() == tensors.front().shape(), ValueError, "stack",
-                  "expects tensors of equal shape, got ", shapes_text(tensors));
-  const int64_t d = normalize_dim(dim, tensors.front().ndim() + 1, "stack", tensors.front().shape());
+  std::vector<Shape> shapes;
+  for (const Tensor& t : tensors) {
+    TESSERA_CHECK(t.defined(), ValueError, "stack", "an input tensor is undefined (default-constructed)");
+    shapes.push_back(t.shape());
+  }
+  const int64_t d = joined_shape(shapes, dim, true).dim;
   std::vector<Tensor> expanded;
   expanded.reserve(tensors.size());
   for (const Tensor& t : tensors) expanded.push_back(t.unsqueeze(d));

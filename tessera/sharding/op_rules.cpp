@@ -1,15 +1,7 @@
-// Built-in sharding rules. The argument encoding of each op (what its DTensor overload passes as
-// `args`, and its dispatch cache keys on):
-//   elementwise ops      {scalar slot (ScalarSlot), scalar kinds...}
-//   sum mean prod amax amin {keepdim, reduced dims ascending...}
-//   var                  {keepdim, correction, reduced dims ascending...}
-//   argmax argmin        {keepdim, dim or -1 for the flattened tensor}
-//   matmul bmm embedding {}            linear {has bias}
-//   softmax log_softmax  {dim}         class_pick class_pick_backward {class dim}
-//   embedding_backward {}
-//   layer_norm           {normalized dims, has weight, has bias}   rms_norm {normalized dims, has weight}
-//   reshape expand       {result shape...}   permute {dims...}   narrow {dim, start, length}
-//   cat stack            {dim}
+// Built-in sharding rules, one per row of the op table (ops/op_table.hpp). Each rule reads its
+// op's typed arguments (sharding/op_args.hpp): elementwise ops ElementwiseArgs, reductions
+// ReduceArgs, softmax/log_softmax/class_pick*/cat/stack DimArgs, norms NormArgs, reshape/expand/
+// permute ShapeArgs, narrow NarrowArgs, the rest none.
 #include <tessera/sharding/op_rules.hpp>
 
 #include <algorithm>
@@ -19,6 +11,14 @@
 #include <tessera/sharding/view_rules.hpp>
 
 namespace tessera {
+
+RuleRegistry::RuleRegistry() {
+  for (int i = 0; i < kBuiltinOpCount; ++i) {
+    names_.emplace_back(op_name(static_cast<OpId>(i)));
+    ids_.emplace(names_.back(), i);
+  }
+  rules_.resize(static_cast<size_t>(kBuiltinOpCount));
+}
 
 int RuleRegistry::id(std::string_view op) {
   {
@@ -34,9 +34,9 @@ int RuleRegistry::id(std::string_view op) {
   return it->second;
 }
 
-void RuleRegistry::set(std::string_view op, ShardingRuleFn rule) {
-  const int i = id(op);
+void RuleRegistry::set(int i, ShardingRuleFn rule) {
   std::unique_lock lock(mutex_);
+  TESSERA_ASSERT(i >= 0 && static_cast<size_t>(i) < rules_.size(), "rule for unknown op id ", i);
   rules_[static_cast<size_t>(i)] = std::make_shared<const ShardingRuleFn>(std::move(rule));
   version_.fetch_add(1, std::memory_order_acq_rel);
 }
@@ -62,7 +62,7 @@ std::string shapes_text(const std::vector<Shape>& shapes) {
   return text;
 }
 
-std::vector<ShardingRow> linear_rows(Linearity linearity, size_t n, int64_t slot) {
+std::vector<ShardingRow> linear_rows(Linearity linearity, size_t n, ScalarSlot slot) {
   std::vector<ShardingRow> rows;
   const auto row = [&](std::vector<Placement> in, Placement out) { rows.push_back({std::move(in), out}); };
   const Placement R = Replicate{};
@@ -78,7 +78,7 @@ std::vector<ShardingRow> linear_rows(Linearity linearity, size_t n, int64_t slot
         if (n == 2) {
           row({Partial{op}, R}, Partial{op});
           row({R, Partial{op}}, Partial{op});
-        } else if (n == 1 && slot != kNoScalar) {
+        } else if (n == 1 && slot != ScalarSlot::none) {
           row({Partial{op}}, Partial{op});
         }
       }
@@ -86,7 +86,7 @@ std::vector<ShardingRow> linear_rows(Linearity linearity, size_t n, int64_t slot
     case Linearity::dividing:
       for (ReduceOp op : kLinearOps) {
         if (n == 2) row({Partial{op}, R}, Partial{op});
-        else if (n == 1 && slot == kScalarRight) row({Partial{op}}, Partial{op});
+        else if (n == 1 && slot == ScalarSlot::right) row({Partial{op}}, Partial{op});
       }
       break;
     case Linearity::negating:
@@ -117,18 +117,19 @@ std::vector<ShardingRow> linear_rows(Linearity linearity, size_t n, int64_t slot
   return rows;
 }
 
-ShardingRuleFn elementwise(Linearity linearity) {
-  return [linearity](const std::vector<const Layout*>& inputs, const DimVector& args) {
+ShardingRuleFn elementwise(OpId op, Linearity linearity) {
+  return [op, linearity](const std::vector<const Layout*>& inputs, const OpArgs& args) {
     std::vector<Shape> shapes;
     for (const auto* in : inputs) shapes.push_back(in->global_shape());
-    const int64_t slot = args.empty() ? kNoScalar : args[0];
-    return factor_proposals(elementwise_factor_rule(shapes, linearity, slot, "elementwise"), inputs, "elementwise");
+    const auto* elementwise_args = std::get_if<ElementwiseArgs>(&args);
+    const ScalarSlot slot = elementwise_args ? elementwise_args->slot : ScalarSlot::none;
+    return factor_proposals(elementwise_factor_rule(shapes, linearity, slot, op_name(op)), inputs, op_name(op));
   };
 }
 
 // Mean over unevenly sharded dims cannot be Partial(avg) (ranks average different counts): those
 // contractions become Partial(sum) of local sums divided by the global count (the kernel's part).
-void fix_uneven_mean(std::vector<OpProposal>& proposals, const std::vector<int64_t>& reduced) {
+void fix_uneven_mean(std::vector<OpProposal>& proposals, const DimVector& reduced) {
   for (auto& p : proposals) {
     const Layout& in = p.inputs.front();
     const MeshSpec& mesh = in.mesh();
@@ -156,19 +157,13 @@ void fix_uneven_mean(std::vector<OpProposal>& proposals, const std::vector<int64
 
 enum class ReductionKind { sum, mean, prod, amax, amin, var, arg };
 
-ShardingRuleFn reduction(ReductionKind kind) {
-  return [kind](const std::vector<const Layout*>& inputs, const DimVector& args) {
+ShardingRuleFn reduction(OpId op_id, ReductionKind kind) {
+  return [op_id, kind](const std::vector<const Layout*>& inputs, const OpArgs& args) {
     const Layout& x = *inputs.front();
     const int64_t nd = x.ndim();
-    const bool keepdim = args[0] != 0;
-    std::vector<int64_t> reduced;
-    if (kind == ReductionKind::arg) {
-      if (args[1] < 0)
-        for (int64_t d = 0; d < nd; ++d) reduced.push_back(d);
-      else reduced.push_back(args[1]);
-    } else {
-      for (int64_t i = kind == ReductionKind::var ? 2 : 1; i < args.size(); ++i) reduced.push_back(args[i]);
-    }
+    const auto& reduce_args = std::get<ReduceArgs>(args);
+    const bool keepdim = reduce_args.keepdim;
+    const DimVector& reduced = reduce_args.dims;
     FactorRule rule;
     rule.num_factors = static_cast<int>(nd);
     rule.inputs.emplace_back();
@@ -195,16 +190,15 @@ ShardingRuleFn reduction(ReductionKind kind) {
     } else if (kind != ReductionKind::var && kind != ReductionKind::arg) {
       rule.linear.push_back({{Partial{op}}, Partial{op}});
     }
-    auto proposals = factor_proposals(rule, inputs, "reduction");
+    auto proposals = factor_proposals(rule, inputs, op_name(op_id));
     if (kind == ReductionKind::mean) fix_uneven_mean(proposals, reduced);
     return proposals;
   };
 }
 
-ShardingRuleFn factor_rule_of(std::function<FactorRule(const std::vector<const Layout*>&, const DimVector&)> make,
-                              const char* op) {
-  return [make = std::move(make), op](const std::vector<const Layout*>& inputs, const DimVector& args) {
-    return factor_proposals(make(inputs, args), inputs, op);
+ShardingRuleFn factor_rule_of(OpId op, std::function<FactorRule(const std::vector<const Layout*>&, const OpArgs&)> make) {
+  return [make = std::move(make), op](const std::vector<const Layout*>& inputs, const OpArgs& args) {
+    return factor_proposals(make(inputs, args), inputs, op_name(op));
   };
 }
 
@@ -234,8 +228,8 @@ FactorRule normalization_rule(const std::vector<const Layout*>& inputs, int64_t 
 // cat and stack: every non-joined dim is shared; the joined dim stays whole; Partials of one op
 // join into that Partial.
 ShardingRuleFn joining(bool stacking) {
-  return [stacking](const std::vector<const Layout*>& inputs, const DimVector& args) {
-    const int64_t dim = args[0];
+  return [stacking](const std::vector<const Layout*>& inputs, const OpArgs& args) {
+    const int64_t dim = std::get<DimArgs>(args).dim;
     const int64_t nd = inputs.front()->ndim();
     FactorRule rule;
     rule.num_factors = static_cast<int>(nd);
@@ -245,13 +239,9 @@ ShardingRuleFn joining(bool stacking) {
     rule.output = dims;
     if (stacking) rule.output.insert(rule.output.begin() + dim, kNoFactor);
     for (ReduceOp op : kAllOps) rule.linear.push_back({Placements(inputs.size(), Partial{op}), Partial{op}});
-    Shape out = factor_output_shape(rule, inputs, stacking ? "stack" : "cat");
-    if (stacking) {
-      out[dim] = static_cast<int64_t>(inputs.size());
-    } else {
-      out[dim] = 0;
-      for (const auto* in : inputs) out[dim] += in->global_shape()[dim];
-    }
+    std::vector<Shape> shapes;
+    for (const auto* in : inputs) shapes.push_back(in->global_shape());
+    const Shape out = joined_shape(shapes, dim, stacking).shape;
     std::vector<OpProposal> proposals;
     for (const auto& s : expand_rows(factor_rows(rule), inputs.front()->mesh().ndim()))
       proposals.push_back(factor_proposal(rule, inputs, s, out));
@@ -261,7 +251,7 @@ ShardingRuleFn joining(bool stacking) {
 
 }  // namespace
 
-FactorRule elementwise_factor_rule(const std::vector<Shape>& shapes, Linearity linearity, int64_t scalar_slot,
+FactorRule elementwise_factor_rule(const std::vector<Shape>& shapes, Linearity linearity, ScalarSlot scalar_slot,
                                    std::string_view op) {
   int64_t nd = 0;
   for (const auto& s : shapes) nd = std::max(nd, s.size());
@@ -340,35 +330,34 @@ FactorRule matmul_factor_rule(const Shape& a, const Shape& b, std::string_view o
 }
 
 void register_builtin_rules(RuleRegistry& registry) {
-  for (const char* op : {"add", "sub"}) registry.set(op, elementwise(Linearity::additive));
-  registry.set("mul", elementwise(Linearity::scaling));
-  registry.set("div", elementwise(Linearity::dividing));
-  registry.set("neg", elementwise(Linearity::negating));
-  registry.set("maximum", elementwise(Linearity::max_like));
-  registry.set("minimum", elementwise(Linearity::min_like));
-  registry.set("where", elementwise(Linearity::selecting));
-  for (const char* op : {"relu", "exp", "sigmoid", "tanh", "clamp"}) registry.set(op, elementwise(Linearity::monotone));
-  for (const char* op : {"pow", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
-                         "masked_fill", "abs", "sign", "log", "sqrt", "rsqrt", "sin", "cos", "gelu", "silu"})
-    registry.set(op, elementwise(Linearity::none));
+  // Every elementwise row of the op table, by its linearity column.
+#define TESSERA_REGISTER_ELEMENTWISE(name, dtype, linearity, ...) \
+  registry.set(OpId::name, elementwise(OpId::name, Linearity::linearity));
+  TESSERA_UNARY_OPS(TESSERA_REGISTER_ELEMENTWISE)
+  TESSERA_BINARY_OPS(TESSERA_REGISTER_ELEMENTWISE)
+  TESSERA_COMPARISON_OPS(TESSERA_REGISTER_ELEMENTWISE)
+#undef TESSERA_REGISTER_ELEMENTWISE
+  registry.set(OpId::logical_not, elementwise(OpId::logical_not, Linearity::none));
+  registry.set(OpId::masked_fill, elementwise(OpId::masked_fill, Linearity::none));
+  registry.set(OpId::where, elementwise(OpId::where, Linearity::selecting));
+  registry.set(OpId::clamp, elementwise(OpId::clamp, Linearity::monotone));
 
-  registry.set("sum", reduction(ReductionKind::sum));
-  registry.set("mean", reduction(ReductionKind::mean));
-  registry.set("prod", reduction(ReductionKind::prod));
-  registry.set("amax", reduction(ReductionKind::amax));
-  registry.set("amin", reduction(ReductionKind::amin));
-  registry.set("var", reduction(ReductionKind::var));
-  registry.set("argmax", reduction(ReductionKind::arg));
-  registry.set("argmin", reduction(ReductionKind::arg));
+  registry.set(OpId::sum, reduction(OpId::sum, ReductionKind::sum));
+  registry.set(OpId::mean, reduction(OpId::mean, ReductionKind::mean));
+  registry.set(OpId::prod, reduction(OpId::prod, ReductionKind::prod));
+  registry.set(OpId::amax, reduction(OpId::amax, ReductionKind::amax));
+  registry.set(OpId::amin, reduction(OpId::amin, ReductionKind::amin));
+  registry.set(OpId::var, reduction(OpId::var, ReductionKind::var));
+  registry.set(OpId::argmax, reduction(OpId::argmax, ReductionKind::arg));
+  registry.set(OpId::argmin, reduction(OpId::argmin, ReductionKind::arg));
 
-  const auto matmul = [](const std::vector<const Layout*>& in, const DimVector&) {
-    return matmul_factor_rule(in[0]->global_shape(), in[1]->global_shape(), "matmul");
-  };
-  registry.set("matmul", factor_rule_of(matmul, "matmul"));
-  registry.set("bmm", factor_rule_of(matmul, "bmm"));
+  for (OpId op : {OpId::matmul, OpId::bmm})
+    registry.set(op, factor_rule_of(op, [op](const std::vector<const Layout*>& in, const OpArgs&) {
+                   return matmul_factor_rule(in[0]->global_shape(), in[1]->global_shape(), op_name(op));
+                 }));
   // linear: x "...i", weight "oi", bias "o" (added into the output, so Partial with it).
-  registry.set("linear", factor_rule_of(
-                             [](const std::vector<const Layout*>& in, const DimVector&) {
+  registry.set(OpId::linear, factor_rule_of(OpId::linear,
+                             [](const std::vector<const Layout*>& in, const OpArgs&) {
                                const int64_t nd = in[0]->ndim();
                                const int I = static_cast<int>(nd - 1), O = static_cast<int>(nd);
                                FactorRule rule;
@@ -386,30 +375,26 @@ void register_builtin_rules(RuleRegistry& registry) {
                                  rule.linear.push_back({bias ? Placements{R, P, P} : Placements{R, P}, P});
                                }
                                return rule;
-                             },
-                             "linear"));
+                             }));
 
-  const auto along_dim = [](const std::vector<const Layout*>& in, const DimVector& args) {
+  // softmax, log_softmax: the dim they normalise stays whole (a 0-d input has none).
+  const auto along_dim = [](const std::vector<const Layout*>& in, const OpArgs& args) {
     FactorRule rule = normalization_rule(in, 0, 0);
-    rule.replicated[static_cast<size_t>(args[0])] = true;
+    const int64_t dim = std::get<DimArgs>(args).dim;
+    if (dim >= 0 && dim < static_cast<int64_t>(rule.replicated.size())) rule.replicated[static_cast<size_t>(dim)] = true;
     return rule;
   };
-  registry.set("softmax", factor_rule_of(along_dim, "softmax"));
-  registry.set("log_softmax", factor_rule_of(along_dim, "log_softmax"));
-  registry.set("layer_norm", factor_rule_of(
-                                 [](const std::vector<const Layout*>& in, const DimVector& args) {
-                                   return normalization_rule(in, args[0], in.size() - 1);
-                                 },
-                                 "layer_norm"));
-  registry.set("rms_norm", factor_rule_of(
-                               [](const std::vector<const Layout*>& in, const DimVector& args) {
-                                 return normalization_rule(in, args[0], in.size() - 1);
-                               },
-                               "rms_norm"));
+  registry.set(OpId::softmax, factor_rule_of(OpId::softmax, along_dim));
+  registry.set(OpId::log_softmax, factor_rule_of(OpId::log_softmax, along_dim));
+  const auto normalizing = [](const std::vector<const Layout*>& in, const OpArgs& args) {
+    return normalization_rule(in, std::get<NormArgs>(args).normalized_ndim, in.size() - 1);
+  };
+  registry.set(OpId::layer_norm, factor_rule_of(OpId::layer_norm, normalizing));
+  registry.set(OpId::rms_norm, factor_rule_of(OpId::rms_norm, normalizing));
   // embedding: weight "vd", indices "i..." -> "i...d"; a sharded vocabulary v is contracted: each
   // rank looks up the rows it holds and zeros the rest, a Partial(sum).
-  registry.set("embedding", factor_rule_of(
-                                [](const std::vector<const Layout*>& in, const DimVector&) {
+  registry.set(OpId::embedding, factor_rule_of(OpId::embedding,
+                                [](const std::vector<const Layout*>& in, const OpArgs&) {
                                   const int64_t ni = in[1]->ndim();
                                   const int V = static_cast<int>(ni), D = V + 1;
                                   FactorRule rule;
@@ -419,13 +404,12 @@ void register_builtin_rules(RuleRegistry& registry) {
                                   rule.output.push_back(D);
                                   rule.linear.push_back({{Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
                                   return rule;
-                                },
-                                "embedding"));
+                                }));
   // class_pick (cross_entropy's target logit): logits [N, C, d...] and target [N, d...] -> the
   // logit of each target class; a sharded class dim gives a Partial(sum) (ranks pick what they hold).
-  registry.set("class_pick", factor_rule_of(
-                                 [](const std::vector<const Layout*>& in, const DimVector& args) {
-                                   const int64_t nd = in[0]->ndim(), c = args[0];
+  registry.set(OpId::class_pick, factor_rule_of(OpId::class_pick,
+                                 [](const std::vector<const Layout*>& in, const OpArgs& args) {
+                                   const int64_t nd = in[0]->ndim(), c = std::get<DimArgs>(args).dim;
                                    FactorRule rule;
                                    rule.num_factors = static_cast<int>(nd);
                                    rule.inputs.push_back(identity_factors(nd));
@@ -437,16 +421,15 @@ void register_builtin_rules(RuleRegistry& registry) {
                                    rule.linear.push_back(
                                        {{Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
                                    return rule;
-                                 },
-                                 "class_pick"));
+                                 }));
 
   // Backward ops (autograd). embedding_backward: weight "vd" (its layout only), grad "i...d",
   // indices "i..." -> "vd": a sharded i is contracted (Partial(sum)), a sharded vocabulary keeps
   // the weight's sharding (each rank adds the rows it holds). Linear in the gradient.
   registry.set(
-      "embedding_backward",
-      factor_rule_of(
-          [](const std::vector<const Layout*>& in, const DimVector&) {
+      OpId::embedding_backward,
+      factor_rule_of(OpId::embedding_backward,
+          [](const std::vector<const Layout*>& in, const OpArgs&) {
             const int64_t ni = in[2]->ndim();
             const int V = 0, D = 1;
             FactorRule rule;
@@ -459,15 +442,14 @@ void register_builtin_rules(RuleRegistry& registry) {
             rule.output = {V, D};
             rule.linear.push_back({{Replicate{}, Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
             return rule;
-          },
-          "embedding_backward"));
+          }));
   // class_pick_backward: logits "nc..." (its layout only), grad and target "n..." -> "nc...": the
   // gradient placed at each target class; a sharded class dim keeps the logits' sharding.
   registry.set(
-      "class_pick_backward",
-      factor_rule_of(
-          [](const std::vector<const Layout*>& in, const DimVector& args) {
-            const int64_t nd = in[0]->ndim(), c = args[0];
+      OpId::class_pick_backward,
+      factor_rule_of(OpId::class_pick_backward,
+          [](const std::vector<const Layout*>& in, const OpArgs& args) {
+            const int64_t nd = in[0]->ndim(), c = std::get<DimArgs>(args).dim;
             FactorRule rule;
             rule.num_factors = static_cast<int>(nd);
             std::vector<int> rest;
@@ -477,23 +459,26 @@ void register_builtin_rules(RuleRegistry& registry) {
             rule.output = identity_factors(nd);
             rule.linear.push_back({{Replicate{}, Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
             return rule;
-          },
-          "class_pick_backward"));
+          }));
 
-  registry.set("reshape", [](const std::vector<const Layout*>& in, const DimVector& args) {
-    return std::vector<OpProposal>{reshape_proposal(*in[0], Shape(args))};
+  registry.set(OpId::reshape, [](const std::vector<const Layout*>& in, const OpArgs& args) {
+    return std::vector<OpProposal>{reshape_proposal(*in[0], std::get<ShapeArgs>(args).shape)};
   });
-  registry.set("expand", [](const std::vector<const Layout*>& in, const DimVector& args) {
-    return std::vector<OpProposal>{expand_proposal(*in[0], Shape(args))};
+  registry.set(OpId::expand, [](const std::vector<const Layout*>& in, const OpArgs& args) {
+    return std::vector<OpProposal>{expand_proposal(*in[0], std::get<ShapeArgs>(args).shape)};
   });
-  registry.set("permute", [](const std::vector<const Layout*>& in, const DimVector& args) {
-    return std::vector<OpProposal>{permute_proposal(*in[0], args.vec())};
+  registry.set(OpId::permute, [](const std::vector<const Layout*>& in, const OpArgs& args) {
+    return std::vector<OpProposal>{permute_proposal(*in[0], std::get<ShapeArgs>(args).shape.vec())};
   });
-  registry.set("narrow", [](const std::vector<const Layout*>& in, const DimVector& args) {
-    return std::vector<OpProposal>{narrow_proposal(*in[0], args[0], args[1], args[2])};
+  registry.set(OpId::narrow, [](const std::vector<const Layout*>& in, const OpArgs& args) {
+    const auto& a = std::get<NarrowArgs>(args);
+    return std::vector<OpProposal>{narrow_proposal(*in[0], a.dim, a.start, a.length)};
   });
-  registry.set("cat", joining(false));
-  registry.set("stack", joining(true));
+  registry.set(OpId::cat, joining(false));
+  registry.set(OpId::stack, joining(true));
+
+  for (int i = 0; i < kBuiltinOpCount; ++i)
+    TESSERA_ASSERT(registry.rule(i) != nullptr, "op table row '", op_name(static_cast<OpId>(i)), "' has no sharding rule");
 }
 
 }  // namespace tessera

@@ -1,9 +1,10 @@
 #pragma once
 // The registry of sharding rules and the rules of the built-in op families. Pure.
 //
-// A rule maps the input layouts and the op's non-tensor arguments (encoded as int64s by the op,
-// the same encoding its dispatch cache keys on) to candidate proposals. Built-in rules are added
-// by one explicit call, register_builtin_rules (static self-registration is dropped by linkers).
+// A rule maps the input layouts and the op's typed non-tensor arguments (OpArgs, what its
+// dispatch cache keys on) to candidate proposals. Built-in ops are named by OpId (the op table,
+// ops/op_table.hpp), user ops by strings. Built-in rules are added by one explicit call,
+// register_builtin_rules (static self-registration is dropped by linkers).
 #include <cstdint>
 #include <functional>
 #include <atomic>
@@ -15,22 +16,30 @@
 #include <vector>
 
 #include <tessera/core/shape.hpp>
+#include <tessera/ops/op_table.hpp>
+#include <tessera/sharding/op_args.hpp>
 #include <tessera/sharding/op_rule.hpp>
 
 namespace tessera {
 
 /// Candidates of an op for these inputs and arguments.
 using ShardingRuleFn =
-    std::function<std::vector<OpProposal>(const std::vector<const Layout*>& inputs, const DimVector& args)>;
+    std::function<std::vector<OpProposal>(const std::vector<const Layout*>& inputs, const OpArgs& args)>;
 
-/// Op names to ids to rules. Thread-safe; every change bumps version() so caches can drop
-/// decisions made under an older rule.
+/// Op ids to rules: ids [0, kBuiltinOpCount) are the OpIds of the op table, user ops get the ids
+/// after them by name. Thread-safe; every change bumps version() so caches can drop decisions
+/// made under an older rule.
 class RuleRegistry {
  public:
-  /// The id of `op`, registering the name (without a rule) if new.
+  RuleRegistry();
+  /// The id of the op named `op` (a built-in's name gives its OpId), registering a new name
+  /// (without a rule).
   int id(std::string_view op);
-  /// Sets (or replaces) the rule of `op`.
-  void set(std::string_view op, ShardingRuleFn rule);
+  static int id(OpId op) { return static_cast<int>(op); }
+  /// Sets (or replaces) the rule of an op.
+  void set(int id, ShardingRuleFn rule);
+  void set(OpId op, ShardingRuleFn rule) { set(id(op), std::move(rule)); }
+  void set(std::string_view op, ShardingRuleFn rule) { set(id(op), std::move(rule)); }
   /// The rule of an id, or null when the op has none.
   std::shared_ptr<const ShardingRuleFn> rule(int id) const;
   std::string name(int id) const;
@@ -58,20 +67,17 @@ enum class Linearity : uint8_t {
   selecting,  ///< where: condition R, both values the same Partial -> that Partial
 };
 
-/// Argument encoding of elementwise ops: args[0] says where a scalar operand sits.
-enum ScalarSlot : int64_t { kNoScalar = 0, kScalarRight = 1, kScalarLeft = 2 };
-
 /// The factor rule of an elementwise op over inputs of these shapes with numpy broadcasting
 /// (a unit dim against a longer one has no factor). Throws ValueError naming `op` and the shapes
 /// if they do not broadcast.
-FactorRule elementwise_factor_rule(const std::vector<Shape>& shapes, Linearity linearity, int64_t scalar_slot,
+FactorRule elementwise_factor_rule(const std::vector<Shape>& shapes, Linearity linearity, ScalarSlot scalar_slot,
                                    std::string_view op);
 
 /// The factor rule of torch.matmul on these shapes (1-d operands, broadcast batch dims).
 FactorRule matmul_factor_rule(const Shape& a, const Shape& b, std::string_view op);
 
-/// Adds the rules of every built-in op (elementwise, reductions, matmul/bmm/linear, softmax,
-/// norms, embedding, class_pick for cross_entropy, views, cat, stack) to `registry`.
+/// Adds the rule of every op of the op table to `registry`. Throws InternalError if an OpId is
+/// left without one.
 void register_builtin_rules(RuleRegistry& registry);
 
 }  // namespace tessera

@@ -164,8 +164,11 @@ TEST(DTensorGrad, ElementwiseOps) {
       check_grads(
           name, {{a}}, [d = d](auto& x) { return d(x[0]); }, [l = l](auto& x) { return l(x[0]); });
     check_grads(
-        "log sqrt rsqrt", {{p}}, [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]); },
-        [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]); });
+        "log sqrt rsqrt log1p", {{p}}, [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]) + log1p(x[0]); },
+        [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]) + log1p(x[0]); });
+    check_grads(
+        "expm1 erf", {{a}}, [](auto& x) { return expm1(x[0]) * erf(x[0]); },
+        [](auto& x) { return expm1(x[0]) * erf(x[0]); });
     const Tensor cond = gt(values({5, 3}, 5), Scalar(0.0));
     check_grads(
         "where", {{a, b, cond}}, [](auto& x) { return where(x[2], x[0], x[1]) + masked_fill(x[0], x[2], 1.0); },

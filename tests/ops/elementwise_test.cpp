@@ -802,8 +802,20 @@ const std::vector<UnaryCase>& unary_cases() {
       {"gelu", [](const Tensor& x) { return gelu(x); },
        [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }, false},
       {"silu", [](const Tensor& x) { return silu(x); }, [](double v) { return v / (1 + std::exp(-v)); }, false},
+      {"log1p", [](const Tensor& x) { return log1p(x); }, [](double v) { return std::log1p(v); }, false},
+      {"expm1", [](const Tensor& x) { return expm1(x); }, [](double v) { return std::expm1(v); }, false},
+      {"erf", [](const Tensor& x) { return erf(x); }, [](double v) { return std::erf(v); }, false},
   };
   return cases;
+}
+
+TEST(UnaryOps, EveryRowOfTheOpTableHasAReferenceCase) {
+  std::vector<std::string> names;
+  for (const UnaryCase& op : unary_cases()) names.push_back(op.name);
+#define TESSERA_EXPECT_CASE(name, ...) \
+  EXPECT_NE(std::find(names.begin(), names.end(), #name), names.end()) << "no reference case for " #name;
+  TESSERA_UNARY_OPS(TESSERA_EXPECT_CASE)
+#undef TESSERA_EXPECT_CASE
 }
 
 TEST(UnaryOps, EveryOpEveryDtypeMatchesReference) {

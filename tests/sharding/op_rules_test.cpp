@@ -23,7 +23,7 @@ std::vector<std::string> rows_text(const FactorRule& rule) {
 }
 
 // The output placements the registry's rule picks for these inputs.
-Placements chosen(const char* op, const std::vector<Layout>& inputs, const DimVector& args = {}) {
+Placements chosen(const char* op, const std::vector<Layout>& inputs, const OpArgs& args = {}) {
   RuleRegistry registry;
   register_builtin_rules(registry);
   std::vector<const Layout*> pointers;
@@ -46,17 +46,17 @@ TEST(OpRules, FactorNotationRoundTripsAndExpandsToMatmulRows) {
 }
 
 TEST(OpRules, ElementwiseBroadcastAndLinearity) {
-  const FactorRule add = elementwise_factor_rule({{4, 3}, {3}}, Linearity::additive, kNoScalar, "add");
+  const FactorRule add = elementwise_factor_rule({{4, 3}, {3}}, Linearity::additive, ScalarSlot::none, "add");
   EXPECT_EQ(add.to_string(), "ab,b->ab");
   EXPECT_EQ(factor_rows(add).back().to_string(), "(P(avg), P(avg)) -> P(avg)");
-  const FactorRule bcast = elementwise_factor_rule({{4, 1}, {4, 3}}, Linearity::none, kNoScalar, "mul");
+  const FactorRule bcast = elementwise_factor_rule({{4, 1}, {4, 3}}, Linearity::none, ScalarSlot::none, "mul");
   EXPECT_EQ(bcast.to_string(), "a1,ab->ab");
   // A scalar beside a Partial: add has no Partial row, mul keeps it.
-  EXPECT_EQ(factor_rows(elementwise_factor_rule({{4}}, Linearity::additive, kScalarRight, "add")).size(), 2u);
-  EXPECT_EQ(factor_rows(elementwise_factor_rule({{4}}, Linearity::scaling, kScalarRight, "mul")).back().to_string(),
+  EXPECT_EQ(factor_rows(elementwise_factor_rule({{4}}, Linearity::additive, ScalarSlot::right, "add")).size(), 2u);
+  EXPECT_EQ(factor_rows(elementwise_factor_rule({{4}}, Linearity::scaling, ScalarSlot::right, "mul")).back().to_string(),
             "(P(avg)) -> P(avg)");
   EXPECT_TRUE(throws_with<ValueError>(
-      [] { (void)elementwise_factor_rule({{4, 3}, {5}}, Linearity::none, kNoScalar, "add"); }, {"[add]", "[4, 3], [5]"}));
+      [] { (void)elementwise_factor_rule({{4, 3}, {5}}, Linearity::none, ScalarSlot::none, "add"); }, {"[add]", "[4, 3], [5]"}));
 }
 
 TEST(OpRules, CheapestStrategies) {
@@ -64,18 +64,18 @@ TEST(OpRules, CheapestStrategies) {
   EXPECT_EQ(chosen("matmul", {on(kLine, {8, 6}, {Shard{1}}), on(kLine, {6, 4}, {Shard{0}})}), (Placements{Partial{}}));
   EXPECT_EQ(chosen("matmul", {on(kSquare, {8, 6}, {Shard{0}, Shard{1}}), on(kSquare, {6, 4}, {Replicate{}, Shard{0}})}),
             (Placements{Shard{0}, Partial{}}));
-  EXPECT_EQ(chosen("sum", {on(kLine, {8, 6}, {Shard{0}})}, {0, 0}), (Placements{Partial{}}));
-  EXPECT_EQ(chosen("amax", {on(kLine, {8, 6}, {Shard{1}})}, {0, 1}), (Placements{Partial{ReduceOp::max}}));
-  EXPECT_EQ(chosen("mean", {on(kLine, {8, 6}, {Shard{0}})}, {0, 0}), (Placements{Partial{ReduceOp::avg}}));
-  EXPECT_EQ(chosen("mean", {on(kLine, {7, 6}, {Shard{0}})}, {0, 0}), (Placements{Partial{}}));  // uneven
-  EXPECT_EQ(chosen("softmax", {on(kLine, {8, 6}, {Shard{0}})}, {1}), (Placements{Shard{0}}));
-  EXPECT_EQ(chosen("softmax", {on(kLine, {8, 6}, {Shard{1}})}, {1}), (Placements{Shard{0}}));  // all_to_all beats a gather
+  EXPECT_EQ(chosen("sum", {on(kLine, {8, 6}, {Shard{0}})}, ReduceArgs{{0}}), (Placements{Partial{}}));
+  EXPECT_EQ(chosen("amax", {on(kLine, {8, 6}, {Shard{1}})}, ReduceArgs{{1}}), (Placements{Partial{ReduceOp::max}}));
+  EXPECT_EQ(chosen("mean", {on(kLine, {8, 6}, {Shard{0}})}, ReduceArgs{{0}}), (Placements{Partial{ReduceOp::avg}}));
+  EXPECT_EQ(chosen("mean", {on(kLine, {7, 6}, {Shard{0}})}, ReduceArgs{{0}}), (Placements{Partial{}}));  // uneven
+  EXPECT_EQ(chosen("softmax", {on(kLine, {8, 6}, {Shard{0}})}, DimArgs{1}), (Placements{Shard{0}}));
+  EXPECT_EQ(chosen("softmax", {on(kLine, {8, 6}, {Shard{1}})}, DimArgs{1}), (Placements{Shard{0}}));  // all_to_all beats a gather
   EXPECT_EQ(chosen("embedding", {on(kLine, {16, 4}, {Shard{0}}), Layout({3}, DType::i64, kLine, {Replicate{}})}),
             (Placements{Partial{}}));
   EXPECT_EQ(chosen("embedding", {on(kLine, {16, 4}, {Shard{1}}), Layout({3}, DType::i64, kLine, {Replicate{}})}),
             (Placements{Shard{1}}));
   // The bias of a contracted linear joins the Partial output.
-  EXPECT_EQ(chosen("linear", {on(kLine, {5, 8}, {Shard{1}}), on(kLine, {3, 8}, {Shard{1}}), on(kLine, {3}, {Replicate{}})}, {1}),
+  EXPECT_EQ(chosen("linear", {on(kLine, {5, 8}, {Shard{1}}), on(kLine, {3, 8}, {Shard{1}}), on(kLine, {3}, {Replicate{}})}),
             (Placements{Partial{}}));
 }
 

@@ -11,6 +11,7 @@
 
 #include <tessera/core/autograd.hpp>
 #include <tessera/core/tensor.hpp>
+#include <tessera/ops/op_table.hpp>
 
 namespace tessera::derivatives {
 
@@ -30,16 +31,6 @@ T sum_to(const T& grad, const Shape& shape) {
     if (shape[i] == 1 && grad.shape()[lead + i] != 1) dims.push_back(lead + i);
   const T summed = dims.empty() ? grad : sum(grad, dims, true);
   return reshape(summed, shape);
-}
-
-/// The reduced dims of a reduction (all when empty), non-negative and sorted.
-inline std::vector<int64_t> reduced_dims(const std::vector<int64_t>& dims, int64_t ndim) {
-  std::vector<bool> reduced(static_cast<size_t>(ndim), dims.empty());
-  for (int64_t d : dims) reduced[static_cast<size_t>(d < 0 ? d + ndim : d)] = true;
-  std::vector<int64_t> out;
-  for (int64_t d = 0; d < ndim; ++d)
-    if (reduced[static_cast<size_t>(d)]) out.push_back(d);
-  return out;
 }
 
 /// A reduction's output (or its gradient) broadcast back over the reduced dims of `shape`.
@@ -66,149 +57,109 @@ T share_of(const T& g, const T& wins, const T& ties) {
   return add(where(wins, g, Scalar(0.0)), where(ties, mul(g, Scalar(0.5)), Scalar(0.0)));
 }
 
-// --- elementwise ------------------------------------------------------------------------------
+// --- elementwise: one derivative per row of the op table ---------------------------------------
 
+/// gelu = x Phi(x): d/dx = Phi(x) + x phi(x), with Phi = y / x (1/2 at x = 0).
 template <class T>
-void record_add(T& out, const T& a, const T& b) {
-  if (!needs_grad<T>({&a, &b})) return;
-  record<T>("add", out, {&a, &b}, [sa = a.shape(), sb = b.shape()](const T& g) {
-    return std::vector<T>{sum_to(g, sa), sum_to(g, sb)};
-  });
+T gelu_grad(const T& g, const T& x, const T& y) {
+  const T cdf = where(eq(x, Scalar(0.0)), Scalar(0.5), div(y, x));
+  const T pdf = mul(exp(mul(mul(x, x), Scalar(-0.5))), Scalar(1.0 / std::sqrt(2.0 * std::numbers::pi)));
+  return mul(g, add(cdf, mul(x, pdf)));
 }
 
+/// silu = x sigmoid(x): d/dx = s (1 + x (1 - s)).
 template <class T>
-void record_sub(T& out, const T& a, const T& b) {
-  if (!needs_grad<T>({&a, &b})) return;
-  record<T>("sub", out, {&a, &b}, [sa = a.shape(), sb = b.shape()](const T& g) {
-    return std::vector<T>{sum_to(g, sa), sum_to(neg(g), sb)};
-  });
+T silu_grad(const T& g, const T& x) {
+  const T s = sigmoid(x);
+  return mul(g, mul(s, add(Scalar(1.0), mul(x, sub(Scalar(1.0), s)))));
 }
 
-template <class T>
-void record_mul(T& out, const T& a, const T& b) {
-  if (!needs_grad<T>({&a, &b})) return;
-  record<T>("mul", out, {&a, &b}, [a = a.detach(), b = b.detach()](const T& g) {
-    return std::vector<T>{sum_to(mul(g, b), a.shape()), sum_to(mul(g, a), b.shape())};
-  });
-}
+/// The derivative of a unary op of the table: apply(g, x, y) = g * d(out)/dx.
+template <OpId op>
+struct UnaryGrad;
+#define TESSERA_UNARY_GRAD(name, dtype, linearity, formula)                                          \
+  template <>                                                                                       \
+  struct UnaryGrad<OpId::name> {                                                                    \
+    template <class T>                                                                              \
+    static T apply([[maybe_unused]] const T& g, [[maybe_unused]] const T& x, [[maybe_unused]] const T& y) { \
+      return formula;                                                                               \
+    }                                                                                               \
+  };
+TESSERA_UNARY_OPS(TESSERA_UNARY_GRAD)
+#undef TESSERA_UNARY_GRAD
 
-template <class T>
-void record_div(T& out, const T& a, const T& b) {
-  if (!needs_grad<T>({&a, &b})) return;
-  record<T>("div", out, {&a, &b}, [a = a.detach(), b = b.detach()](const T& g) {
-    const T ga = div(g, b);
-    return std::vector<T>{sum_to(ga, a.shape()), sum_to(neg(mul(ga, div(a, b))), b.shape())};
-  });
-}
+/// The derivatives of a binary op of the table: a(...) and b(...) for two tensors; right(...)
+/// for `x op s` and left(...) for `s op x`. Comparisons have none (differentiable = false).
+template <OpId op>
+struct BinaryGrad {
+  static constexpr bool differentiable = false;
+};
+#define TESSERA_BINARY_GRAD(name, dtype, linearity, grad_a, grad_b, grad_right, grad_left)            \
+  template <>                                                                                       \
+  struct BinaryGrad<OpId::name> {                                                                   \
+    static constexpr bool differentiable = true;                                                    \
+    template <class T>                                                                              \
+    static T a([[maybe_unused]] const T& g, [[maybe_unused]] const T& a, [[maybe_unused]] const T& b, \
+               [[maybe_unused]] const T& y) {                                                       \
+      return grad_a;                                                                                \
+    }                                                                                               \
+    template <class T>                                                                              \
+    static T b([[maybe_unused]] const T& g, [[maybe_unused]] const T& a, [[maybe_unused]] const T& b, \
+               [[maybe_unused]] const T& y) {                                                       \
+      return grad_b;                                                                                \
+    }                                                                                               \
+    template <class T>                                                                              \
+    static T right([[maybe_unused]] const T& g, [[maybe_unused]] const T& x, [[maybe_unused]] Scalar s, \
+                   [[maybe_unused]] const T& y) {                                                   \
+      return grad_right;                                                                            \
+    }                                                                                               \
+    template <class T>                                                                              \
+    static T left([[maybe_unused]] const T& g, [[maybe_unused]] const T& x, [[maybe_unused]] Scalar s, \
+                  [[maybe_unused]] const T& y) {                                                    \
+      return grad_left;                                                                             \
+    }                                                                                               \
+  };
+TESSERA_BINARY_OPS(TESSERA_BINARY_GRAD)
+#undef TESSERA_BINARY_GRAD
 
-template <class T>
-void record_pow(T& out, const T& a, const T& b) {
-  if (!needs_grad<T>({&a, &b})) return;
-  record<T>("pow", out, {&a, &b}, [a = a.detach(), b = b.detach(), y = out.detach()](const T& g) {
-    const T ga = mul(mul(g, b), pow(a, sub(b, Scalar(1.0))));
-    // d/db a^b = a^b log a, taken as 0 where a <= 0 (as PyTorch does for a == 0).
-    const T gb = where(gt(a, Scalar(0.0)), mul(mul(g, y), log(a)), Scalar(0.0));
-    return std::vector<T>{sum_to(ga, a.shape()), sum_to(gb, b.shape())};
-  });
-}
-
-template <class T>
-void record_extremum(const char* name, T& out, const T& a, const T& b, bool is_max) {
-  if (!needs_grad<T>({&a, &b})) return;
-  record<T>(name, out, {&a, &b}, [a = a.detach(), b = b.detach(), is_max](const T& g) {
-    const T a_wins = is_max ? gt(a, b) : lt(a, b), b_wins = is_max ? gt(b, a) : lt(b, a), ties = eq(a, b);
-    return std::vector<T>{sum_to(share_of(g, a_wins, ties), a.shape()), sum_to(share_of(g, b_wins, ties), b.shape())};
-  });
-}
-
-/// Ops with a scalar operand (DTensor records them itself; Tensor routes them through a 0-d tensor).
-enum class ScalarOp { add, sub, rsub, mul, div, rdiv, pow, rpow, maximum, minimum };
-
-template <class T>
-void record_scalar(const char* name, T& out, const T& x, Scalar s, ScalarOp op) {
+/// Records unary op `op` (x -> out).
+template <OpId op, class T>
+void record_unary(T& out, const T& x) {
   if (!needs_grad<T>({&x})) return;
-  record<T>(name, out, {&x}, [x = x.detach(), y = out.detach(), s, op](const T& g) {
-    const double v = s.to<double>();
-    switch (op) {
-      case ScalarOp::add:
-      case ScalarOp::sub:
-        return std::vector<T>{g};
-      case ScalarOp::rsub:
-        return std::vector<T>{neg(g)};
-      case ScalarOp::mul:
-        return std::vector<T>{mul(g, s)};
-      case ScalarOp::div:
-        return std::vector<T>{div(g, s)};
-      case ScalarOp::rdiv:
-        return std::vector<T>{neg(mul(g, div(y, x)))};
-      case ScalarOp::pow:
-        return std::vector<T>{mul(mul(g, Scalar(v)), pow(x, Scalar(v - 1.0)))};
-      case ScalarOp::rpow:
-        return std::vector<T>{mul(mul(g, y), Scalar(std::log(v)))};
-      case ScalarOp::maximum:
-        return std::vector<T>{share_of(g, gt(x, s), eq(x, s))};
-      case ScalarOp::minimum:
-        return std::vector<T>{share_of(g, lt(x, s), eq(x, s))};
-    }
-    return std::vector<T>{};
+  record<T>(op_name(op), out, {&x}, [x = x.detach(), y = out.detach()](const T& g) {
+    return std::vector<T>{UnaryGrad<op>::apply(g, x, y)};
   });
 }
 
-/// Unary ops: `local` gives d out / d x from the saved input and output.
+/// Records binary op `op` ((a, b) -> out); gradients are summed back over broadcast dims.
+template <OpId op, class T>
+void record_binary(T& out, const T& a, const T& b) {
+  if constexpr (BinaryGrad<op>::differentiable) {
+    if (!needs_grad<T>({&a, &b})) return;
+    record<T>(op_name(op), out, {&a, &b}, [a = a.detach(), b = b.detach(), y = out.detach()](const T& g) {
+      return std::vector<T>{sum_to(BinaryGrad<op>::a(g, a, b, y), a.shape()),
+                            sum_to(BinaryGrad<op>::b(g, a, b, y), b.shape())};
+    });
+  }
+}
+
+/// Records binary op `op` with a Scalar operand: `x op s`, or `s op x` when scalar_first.
+template <OpId op, class T>
+void record_scalar(T& out, const T& x, Scalar s, bool scalar_first) {
+  if constexpr (BinaryGrad<op>::differentiable) {
+    if (!needs_grad<T>({&x})) return;
+    record<T>(op_name(op), out, {&x}, [x = x.detach(), y = out.detach(), s, scalar_first](const T& g) {
+      return std::vector<T>{scalar_first ? BinaryGrad<op>::left(g, x, s, y) : BinaryGrad<op>::right(g, x, s, y)};
+    });
+  }
+}
+
+/// Unary ops outside the table (views, clamp): `derivative(g, x, y)` gives g * d(out)/dx.
 template <class T, class Derivative>
 void record_unary(const char* name, T& out, const T& x, Derivative derivative) {
   if (!needs_grad<T>({&x})) return;
   record<T>(name, out, {&x},
             [x = x.detach(), y = out.detach(), derivative](const T& g) { return std::vector<T>{derivative(g, x, y)}; });
-}
-
-enum class Unary { neg, abs, relu, sign, exp, log, sqrt, rsqrt, sin, cos, tanh, sigmoid, gelu, silu };
-
-/// d out / d x times g, from the saved input x and output y.
-template <class T>
-T unary_grad(Unary op, const T& g, const T& x, const T& y) {
-  switch (op) {
-    case Unary::neg:
-      return neg(g);
-    case Unary::abs:
-      return mul(g, sign(x));
-    case Unary::relu:
-      return where(gt(x, Scalar(0.0)), g, Scalar(0.0));
-    case Unary::sign:
-      return mul(g, Scalar(0.0));
-    case Unary::exp:
-      return mul(g, y);
-    case Unary::log:
-      return div(g, x);
-    case Unary::sqrt:
-      return div(mul(g, Scalar(0.5)), y);
-    case Unary::rsqrt:
-      return mul(mul(g, Scalar(-0.5)), mul(y, mul(y, y)));
-    case Unary::sin:
-      return mul(g, cos(x));
-    case Unary::cos:
-      return neg(mul(g, sin(x)));
-    case Unary::tanh:
-      return mul(g, sub(Scalar(1.0), mul(y, y)));
-    case Unary::sigmoid:
-      return mul(g, mul(y, sub(Scalar(1.0), y)));
-    case Unary::gelu: {
-      // gelu = x Phi(x): d/dx = Phi(x) + x phi(x), with Phi = y / x (1/2 at x = 0).
-      const T cdf = where(eq(x, Scalar(0.0)), Scalar(0.5), div(y, x));
-      const T pdf = mul(exp(mul(mul(x, x), Scalar(-0.5))), Scalar(1.0 / std::sqrt(2.0 * std::numbers::pi)));
-      return mul(g, add(cdf, mul(x, pdf)));
-    }
-    case Unary::silu: {
-      const T s = sigmoid(x);
-      return mul(g, mul(s, add(Scalar(1.0), mul(x, sub(Scalar(1.0), s)))));
-    }
-  }
-  return g;
-}
-
-template <class T>
-void record_unary(const char* name, Unary op, T& out, const T& x) {
-  record_unary(name, out, x, [op](const T& g, const T& x, const T& y) { return unary_grad(op, g, x, y); });
 }
 
 template <class T>
@@ -234,7 +185,7 @@ void record_clamp(T& out, const T& x, Scalar lo, Scalar hi) {
 template <class T>
 void record_sum(T& out, const T& x, const std::vector<int64_t>& dims_in, bool keepdim, bool mean_of) {
   if (!needs_grad<T>({&x})) return;
-  const auto dims = reduced_dims(dims_in, x.ndim());
+  const auto dims = normalize_dims(dims_in, x.shape(), "backward").vec();
   record<T>(mean_of ? "mean" : "sum", out, {&x}, [shape = x.shape(), dims, keepdim, mean_of](const T& g) {
     const T spread = expand_reduced(g, shape, dims, keepdim);
     const int64_t n = count_of(shape, dims);
@@ -245,7 +196,7 @@ void record_sum(T& out, const T& x, const std::vector<int64_t>& dims_in, bool ke
 template <class T>
 void record_prod(T& out, const T& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   if (!needs_grad<T>({&x})) return;
-  const auto dims = reduced_dims(dims_in, x.ndim());
+  const auto dims = normalize_dims(dims_in, x.shape(), "backward").vec();
   // prod / x: exact where x != 0 (a zero factor would need the product of the others).
   record<T>("prod", out, {&x}, [x = x.detach(), y = out.detach(), dims, keepdim](const T& g) {
     const T gy = mul(expand_reduced(g, x.shape(), dims, keepdim), expand_reduced(y, x.shape(), dims, keepdim));
@@ -257,7 +208,7 @@ void record_prod(T& out, const T& x, const std::vector<int64_t>& dims_in, bool k
 template <class T>
 void record_extreme_reduction(const char* name, T& out, const T& x, const std::vector<int64_t>& dims_in, bool keepdim) {
   if (!needs_grad<T>({&x})) return;
-  const auto dims = reduced_dims(dims_in, x.ndim());
+  const auto dims = normalize_dims(dims_in, x.shape(), "backward").vec();
   record<T>(name, out, {&x}, [x = x.detach(), y = out.detach(), dims, keepdim](const T& g) {
     const T hit = eq(x, expand_reduced(y, x.shape(), dims, keepdim));
     const T ones = where(hit, Scalar(1.0), mul(x, Scalar(0.0)));
@@ -269,7 +220,7 @@ void record_extreme_reduction(const char* name, T& out, const T& x, const std::v
 template <class T>
 void record_var(T& out, const T& x, const std::vector<int64_t>& dims_in, int64_t correction, bool keepdim) {
   if (!needs_grad<T>({&x})) return;
-  const auto dims = reduced_dims(dims_in, x.ndim());
+  const auto dims = normalize_dims(dims_in, x.shape(), "backward").vec();
   record<T>("var", out, {&x}, [x = x.detach(), dims, correction, keepdim](const T& g) {
     const double n = static_cast<double>(count_of(x.shape(), dims) - correction);
     const T centred = sub(x, mean(x, dims, true));

@@ -2,6 +2,9 @@
 // Loop kernels shared by the elementwise, comparison and where ops. Each run (from
 // strided_loop) takes a contiguous fast path the compiler vectorises, a path for one operand
 // broadcast as a scalar (stride 0), and the general strided path.
+#include <cmath>
+#include <type_traits>
+
 #include <tessera/core/detail/strided_loop.hpp>
 
 namespace tessera::detail {
@@ -71,3 +74,103 @@ void where_run(const Run<4>& run) {
 }
 
 }  // namespace tessera::detail
+
+// The scalar function of each elementwise row of the op table (ops/op_table.hpp), named like the
+// op. Arguments arrive in the compute type (f16/bf16 as f32; see compute_t).
+namespace tessera::kernels {
+
+// Signed integer overflow is undefined in C++; tensors wrap like PyTorch's, so integer
+// add/sub/mul/neg go through the unsigned type.
+template <class T, class Op>
+T wrapping(Op op, T a, T b) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return op(static_cast<int>(a), static_cast<int>(b)) != 0;
+  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(op(static_cast<U>(a), static_cast<U>(b)));
+  } else {
+    return static_cast<T>(op(a, b));
+  }
+}
+
+// --- unary ---
+struct neg {
+  template <class T> T operator()(T v) const { return wrapping([](auto a, auto b) { return a - b; }, T(0), v); }
+};
+struct abs {
+  template <class T> T operator()(T v) const { return v < T(0) ? neg{}(v) : v; }
+};
+struct relu {
+  template <class T> T operator()(T v) const { return v > T(0) || v != v ? v : T(0); }
+};
+struct sign {
+  template <class T>
+  T operator()(T v) const {
+    if constexpr (std::is_same_v<T, bool>)
+      return v;
+    else
+      return v != v ? v : static_cast<T>((T(0) < v) - (v < T(0)));
+  }
+};
+struct exp { template <class T> T operator()(T v) const { return std::exp(v); } };
+struct log { template <class T> T operator()(T v) const { return std::log(v); } };
+struct sqrt { template <class T> T operator()(T v) const { return std::sqrt(v); } };
+struct rsqrt { template <class T> T operator()(T v) const { return T(1) / std::sqrt(v); } };
+struct sin { template <class T> T operator()(T v) const { return std::sin(v); } };
+struct cos { template <class T> T operator()(T v) const { return std::cos(v); } };
+struct tanh { template <class T> T operator()(T v) const { return std::tanh(v); } };
+struct sigmoid { template <class T> T operator()(T v) const { return T(1) / (T(1) + std::exp(-v)); } };
+/// GELU, exact (erf) form, as PyTorch's default.
+struct gelu {
+  template <class T> T operator()(T v) const { return T(0.5) * v * (T(1) + std::erf(v * T(0.70710678118654752440))); }
+};
+struct silu { template <class T> T operator()(T v) const { return v / (T(1) + std::exp(-v)); } };
+struct log1p { template <class T> T operator()(T v) const { return std::log1p(v); } };
+struct expm1 { template <class T> T operator()(T v) const { return std::expm1(v); } };
+struct erf { template <class T> T operator()(T v) const { return std::erf(v); } };
+
+// --- binary ---
+struct add {
+  template <class T> T operator()(T a, T b) const { return wrapping([](auto x, auto y) { return x + y; }, a, b); }
+};
+struct sub {
+  template <class T> T operator()(T a, T b) const { return wrapping([](auto x, auto y) { return x - y; }, a, b); }
+};
+struct mul {
+  template <class T> T operator()(T a, T b) const { return wrapping([](auto x, auto y) { return x * y; }, a, b); }
+};
+struct div {
+  template <class T> T operator()(T a, T b) const { return a / b; }  // floating only (promote_floating)
+};
+struct pow {
+  template <class T>
+  T operator()(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      return std::pow(a, b);
+    } else if constexpr (std::is_same_v<T, bool>) {
+      return a || !b;
+    } else {  // exponentiation by squaring, wrapping like the other integer ops
+      T result = 1;
+      for (T e = b, base = a; e > 0; e = static_cast<T>(e >> 1)) {
+        if (e & 1) result = mul{}(result, base);
+        base = mul{}(base, base);
+      }
+      return result;
+    }
+  }
+};
+// NaN propagates: a NaN operand wins.
+struct maximum { template <class T> T operator()(T a, T b) const { return (a != a || a > b) ? a : b; } };
+struct minimum { template <class T> T operator()(T a, T b) const { return (a != a || a < b) ? a : b; } };
+
+// --- comparisons (b8 results) ---
+struct eq { template <class T> bool operator()(T a, T b) const { return a == b; } };
+struct ne { template <class T> bool operator()(T a, T b) const { return a != b; } };
+struct lt { template <class T> bool operator()(T a, T b) const { return a < b; } };
+struct le { template <class T> bool operator()(T a, T b) const { return a <= b; } };
+struct gt { template <class T> bool operator()(T a, T b) const { return a > b; } };
+struct ge { template <class T> bool operator()(T a, T b) const { return a >= b; } };
+struct logical_and { template <class T> bool operator()(T a, T b) const { return a != T(0) && b != T(0); } };
+struct logical_or { template <class T> bool operator()(T a, T b) const { return a != T(0) || b != T(0); } };
+
+}  // namespace tessera::kernels
