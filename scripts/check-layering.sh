@@ -4,11 +4,12 @@
 #     the sharding layer is pure (no comm, runtime, dtensor or DeviceMesh);
 #  2. definitions: a layer's object files use no symbol that only a later layer defines (a
 #     declaration in core defined in ops passes the include check but not this one).
-# Usage: scripts/check-layering.sh [BUILD_DIR]   (step 2 runs when BUILD_DIR holds the objects)
+# Usage: scripts/check-layering.sh              includes only
+#        scripts/check-layering.sh BUILD_DIR    both (BUILD_DIR must hold the library's objects)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-build=${1:-build}
-order=(core ops comm runtime mesh sharding dtensor autograd nn debug)
+build=${1:-}
+order=(core grad ops comm runtime mesh sharding dtensor autograd nn debug)
 status=0
 
 for i in "${!order[@]}"; do
@@ -28,21 +29,31 @@ if hits=$(grep -rnE '#include *[<"]tessera/(comm|runtime|dtensor|autograd|nn)/|#
 fi
 
 objects="$build/CMakeFiles/tessera.dir/tessera"
-if [[ -d $objects ]]; then
+# The object files of the current sources only (a removed source leaves its stale object behind).
+layer_objects() {
+  local dir=$objects/$1 object
+  [[ -d $dir ]] || return 0
+  find "$dir" -name '*.cpp.o' | while read -r object; do
+    [[ -f tessera/${object#"$objects"/} ]] || [[ -f tessera/$(dirname "${object#"$objects"/}")/$(basename "$object" .o) ]] && echo "$object"
+  done
+}
+if [[ -n $build ]]; then
+  if [[ ! -d $objects/core ]]; then
+    echo "no object files under $objects: build first (make build)" >&2
+    exit 1
+  fi
   defined_before=$(mktemp)
   trap 'rm -f "$defined_before"' EXIT
   for i in "${!order[@]}"; do
     layer=${order[$i]}
     [[ -d $objects/$layer ]] || continue
     # Symbols this layer and the ones above it define.
-    find "$objects/$layer" -name '*.o' -print0 | xargs -0 -r nm --defined-only -P | awk '{print $1}' >> "$defined_before"
+    layer_objects "$layer" | xargs -r nm --defined-only -P | awk '{print $1}' >> "$defined_before"
     sort -u -o "$defined_before" "$defined_before"
     for j in "${!order[@]}"; do
       ((j > i)) || continue
-      later=$objects/${order[$j]}
-      [[ -d $later ]] || continue
-      used=$(find "$objects/$layer" -name '*.o' -print0 | xargs -0 -r nm -u -P | awk '{print $1}' | sort -u)
-      defined_later=$(find "$later" -name '*.o' -print0 | xargs -0 -r nm --defined-only -P | awk '$2 ~ /^[TWVDRB]$/ {print $1}' | sort -u)
+      used=$(layer_objects "$layer" | xargs -r nm -u -P | awk '{print $1}' | sort -u)
+      defined_later=$(layer_objects "${order[$j]}" | xargs -r nm --defined-only -P | awk '$2 ~ /^[TWVDRB]$/ {print $1}' | sort -u)
       upward=$(comm -12 <(echo "$used") <(echo "$defined_later") | comm -23 - "$defined_before" || true)
       if [[ -n $upward ]]; then
         echo "layer $layer uses symbols that only the later layer ${order[$j]} defines:" >&2

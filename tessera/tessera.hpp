@@ -17,3 +17,7 @@
 #include <tessera/autograd/gradcheck.hpp>
 #include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/debug/visualize_sharding.hpp>
+#include <tessera/nn/module.hpp>
+#include <tessera/nn/layers.hpp>
+#include <tessera/nn/parallel.hpp>
+#include <tessera/nn/optim.hpp>

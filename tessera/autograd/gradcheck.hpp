@@ -5,7 +5,8 @@
 #include <string>
 #include <vector>
 
-#include <tessera/core/autograd.hpp>
+#include <tessera/grad/engine.hpp>
+#include <tessera/ops/detail/tensor_grad_ops.hpp>
 #include <tessera/core/tensor.hpp>
 
 namespace tessera::autograd {

@@ -69,6 +69,8 @@ std::string DimVector::to_string() const {
   return out.str();
 }
 
+std::ostream& operator<<(std::ostream& out, const DimVector& dims) { return out << dims.to_string(); }
+
 Strides contiguous_strides(const Shape& shape) {
   Strides strides = Strides::filled(shape.size(), 1);
   for (int64_t i = shape.size() - 2; i >= 0; --i) strides[i] = strides[i + 1] * std::max<int64_t>(shape[i + 1], 1);

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,9 @@ class DimVector {
 using Shape = DimVector;
 /// Element strides of a tensor's dims.
 using Strides = DimVector;
+
+/// Writes to_string(): "[8, 6]"; "[]" for a 0-d shape.
+std::ostream& operator<<(std::ostream& out, const DimVector& dims);
 
 /// Row-major (C-contiguous) strides of shape.
 Strides contiguous_strides(const Shape& shape);

@@ -2,6 +2,8 @@
 // tensor_factories.cpp, printing in tensor_print.cpp.
 #include <tessera/core/tensor.hpp>
 
+#include <tessera/core/detail/tensor_raw.hpp>
+
 #include <algorithm>
 #include <numeric>
 
@@ -121,28 +123,6 @@ const void* Tensor::raw_data() const {
   return static_cast<const char*>(storage_->data()) + offset_ * itemsize();
 }
 
-namespace {
-
-// Records `out`, a view or copy of `in`, when `in` requires a gradient; `backward` maps out's
-// gradient to in's.
-template <class Backward>
-Tensor recorded(const char* op, Tensor out, const Tensor& in, Backward backward) {
-  if (autograd::needs_grad<Tensor>({&in}))
-    autograd::record<Tensor>(
-        op, out, {&in}, [backward = std::move(backward)](const Tensor& g) { return std::vector<Tensor>{backward(g)}; });
-  return out;
-}
-
-// The gradient of a narrowed/selected view: zeros with `grad` written into the viewed region.
-template <class Region>
-Tensor scattered(const Tensor& grad, const Shape& shape, Region region) {
-  Tensor out = zeros(shape, grad.dtype());
-  region(out).copy_(grad);
-  return out;
-}
-
-}  // namespace
-
 Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t offset) const {
   check_defined("as_strided");
   check_view(storage_.get(), shape, strides, offset, dtype_, "as_strided");  // so errors name as_strided
@@ -151,150 +131,139 @@ Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t of
   return Tensor(storage_, shape, strides, offset, dtype_);
 }
 
-Tensor Tensor::view(const Shape& requested) const {
-  check_defined("view");
-  const Shape shape = infer_shape(requested, numel(), shape_, "view");
+// The raw views (core/detail/tensor_raw.hpp): validation and the new (shape, strides, offset).
+// The Tensor members that users call add autograd recording on top (ops/tensor_autograd.cpp).
+namespace detail {
+
+namespace {
+void check_defined(const Tensor& x, const char* op) {
+  TESSERA_CHECK(x.defined(), ValueError, op, "tensor is undefined (default-constructed)");
+}
+Tensor with_view(const Tensor& x, Shape shape, Strides strides, int64_t offset) {
+  return Tensor(x.storage(), std::move(shape), std::move(strides), offset, x.dtype());
+}
+}  // namespace
+
+Tensor raw_view(const Tensor& x, const Shape& requested) {
+  check_defined(x, "view");
+  const Shape shape = infer_shape(requested, x.numel(), x.shape(), "view");
   Strides strides;
-  TESSERA_CHECK(view_strides(shape_, strides_, shape, strides), ValueError, "view", "cannot view shape ",
-                shape_.to_string(), " with strides ", strides_.to_string(), " as ", shape.to_string(),
+  TESSERA_CHECK(view_strides(x.shape(), x.strides(), shape, strides), ValueError, "view", "cannot view shape ",
+                x.shape().to_string(), " with strides ", x.strides().to_string(), " as ", shape.to_string(),
                 " without a copy; use reshape");
-  return recorded("view", Tensor(storage_, shape, strides, offset_, dtype_), *this,
-                  [in = shape_](const Tensor& g) { return g.reshape(in); });
+  return with_view(x, shape, strides, x.offset());
 }
 
-Tensor Tensor::reshape(const Shape& requested) const {
-  check_defined("reshape");
-  const Shape shape = infer_shape(requested, numel(), shape_, "reshape");
+Tensor raw_reshape(const Tensor& x, const Shape& requested) {
+  check_defined(x, "reshape");
+  const Shape shape = infer_shape(requested, x.numel(), x.shape(), "reshape");
   Strides strides;
-  const Tensor out = view_strides(shape_, strides_, shape, strides) ? Tensor(storage_, shape, strides, offset_, dtype_)
-                                                                    : detach().clone().view(shape);
-  return recorded("reshape", out, *this, [in = shape_](const Tensor& g) { return g.reshape(in); });
+  if (view_strides(x.shape(), x.strides(), shape, strides)) return with_view(x, shape, strides, x.offset());
+  return raw_view(raw_clone(x), shape);
 }
 
-Tensor Tensor::transpose(int64_t dim0, int64_t dim1) const {
-  check_defined("transpose");
-  const int64_t a = normalize_dim(dim0, ndim(), "transpose", shape_);
-  const int64_t b = normalize_dim(dim1, ndim(), "transpose", shape_);
-  if (ndim() == 0) return *this;
-  Shape shape = shape_;
-  Strides strides = strides_;
+Tensor raw_transpose(const Tensor& x, int64_t dim0, int64_t dim1) {
+  check_defined(x, "transpose");
+  const int64_t a = normalize_dim(dim0, x.ndim(), "transpose", x.shape());
+  const int64_t b = normalize_dim(dim1, x.ndim(), "transpose", x.shape());
+  if (x.ndim() == 0) return x;
+  Shape shape = x.shape();
+  Strides strides = x.strides();
   std::swap(shape[a], shape[b]);
   std::swap(strides[a], strides[b]);
-  return recorded("transpose", Tensor(storage_, shape, strides, offset_, dtype_), *this,
-                  [a, b](const Tensor& g) { return g.transpose(a, b); });
+  return with_view(x, shape, strides, x.offset());
 }
 
-Tensor Tensor::t() const {
-  check_defined("t");
-  TESSERA_CHECK(ndim() <= 2, ValueError, "t", "expects a tensor with <= 2 dims, got shape ", shape_.to_string());
-  return ndim() < 2 ? *this : transpose(0, 1);
-}
-
-Tensor Tensor::permute(const std::vector<int64_t>& dims) const {
-  check_defined("permute");
-  TESSERA_CHECK(static_cast<int64_t>(dims.size()) == ndim(), ValueError, "permute", "got ", dims.size(),
-                " dims for shape ", shape_.to_string(), "; expected ", ndim());
-  Shape shape = Shape::filled(ndim(), 0);
-  Strides strides = Strides::filled(ndim(), 0);
-  std::vector<int64_t> inverse(static_cast<size_t>(ndim()), 0);
-  std::vector<bool> seen(static_cast<size_t>(ndim()), false);
-  for (int64_t i = 0; i < ndim(); ++i) {
-    const int64_t d = normalize_dim(dims[static_cast<size_t>(i)], ndim(), "permute", shape_);
+Tensor raw_permute(const Tensor& x, const std::vector<int64_t>& dims) {
+  check_defined(x, "permute");
+  const int64_t nd = x.ndim();
+  TESSERA_CHECK(static_cast<int64_t>(dims.size()) == nd, ValueError, "permute", "got ", dims.size(),
+                " dims for shape ", x.shape().to_string(), "; expected ", nd);
+  Shape shape = Shape::filled(nd, 0);
+  Strides strides = Strides::filled(nd, 0);
+  std::vector<bool> seen(static_cast<size_t>(nd), false);
+  for (int64_t i = 0; i < nd; ++i) {
+    const int64_t d = normalize_dim(dims[static_cast<size_t>(i)], nd, "permute", x.shape());
     TESSERA_CHECK(!seen[static_cast<size_t>(d)], ValueError, "permute", "dim ", d, " repeated in permutation of shape ",
-                  shape_.to_string());
+                  x.shape().to_string());
     seen[static_cast<size_t>(d)] = true;
-    inverse[static_cast<size_t>(d)] = i;
-    shape[i] = shape_[d];
-    strides[i] = strides_[d];
+    shape[i] = x.shape()[d];
+    strides[i] = x.strides()[d];
   }
-  return recorded("permute", Tensor(storage_, shape, strides, offset_, dtype_), *this,
-                  [inverse](const Tensor& g) { return g.permute(inverse); });
+  return with_view(x, shape, strides, x.offset());
 }
 
-Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
-  check_defined("narrow");
-  TESSERA_CHECK(ndim() > 0, ValueError, "narrow", "cannot narrow a 0-d tensor");
-  const int64_t d = normalize_dim(dim, ndim(), "narrow", shape_);
-  if (start < 0) start += shape_[d];
-  TESSERA_CHECK(start >= 0 && length >= 0 && start + length <= shape_[d], ValueError, "narrow", "range [", start, ", ",
-                start + length, ") out of bounds for dim ", d, " of shape ", shape_.to_string());
-  Shape shape = shape_;
+Tensor raw_narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  check_defined(x, "narrow");
+  TESSERA_CHECK(x.ndim() > 0, ValueError, "narrow", "cannot narrow a 0-d tensor");
+  const int64_t d = normalize_dim(dim, x.ndim(), "narrow", x.shape());
+  if (start < 0) start += x.shape()[d];
+  TESSERA_CHECK(start >= 0 && length >= 0 && start + length <= x.shape()[d], ValueError, "narrow", "range [", start,
+                ", ", start + length, ") out of bounds for dim ", d, " of shape ", x.shape().to_string());
+  Shape shape = x.shape();
   shape[d] = length;
-  return recorded("narrow", Tensor(storage_, shape, strides_, offset_ + (length > 0 ? start * strides_[d] : 0), dtype_),
-                  *this, [in = shape_, d, start, length](const Tensor& g) {
-                    return scattered(g, in, [&](const Tensor& z) { return z.narrow(d, start, length); });
-                  });
+  return with_view(x, shape, x.strides(), x.offset() + (length > 0 ? start * x.strides()[d] : 0));
 }
 
-Tensor Tensor::select(int64_t dim, int64_t index) const {
-  check_defined("select");
-  TESSERA_CHECK(ndim() > 0, ValueError, "select", "cannot select from a 0-d tensor");
-  const int64_t d = normalize_dim(dim, ndim(), "select", shape_);
-  const int64_t i = index < 0 ? index + shape_[d] : index;
-  TESSERA_CHECK(i >= 0 && i < shape_[d], ValueError, "select", "index ", index, " out of range for dim ", d,
-                " of shape ", shape_.to_string());
-  Shape shape = shape_;
-  Strides strides = strides_;
+Tensor raw_select(const Tensor& x, int64_t dim, int64_t index) {
+  check_defined(x, "select");
+  TESSERA_CHECK(x.ndim() > 0, ValueError, "select", "cannot select from a 0-d tensor");
+  const int64_t d = normalize_dim(dim, x.ndim(), "select", x.shape());
+  const int64_t i = index < 0 ? index + x.shape()[d] : index;
+  TESSERA_CHECK(i >= 0 && i < x.shape()[d], ValueError, "select", "index ", index, " out of range for dim ", d,
+                " of shape ", x.shape().to_string());
+  Shape shape = x.shape();
+  Strides strides = x.strides();
   shape.erase(d);
   strides.erase(d);
-  return recorded("select", Tensor(storage_, shape, strides, offset_ + i * strides_[d], dtype_), *this,
-                  [in = shape_, d, i](const Tensor& g) {
-                    return scattered(g, in, [&](const Tensor& z) { return z.select(d, i); });
-                  });
+  return with_view(x, shape, strides, x.offset() + i * x.strides()[d]);
 }
 
-Tensor Tensor::unsqueeze(int64_t dim) const {
-  check_defined("unsqueeze");
-  const int64_t d = normalize_dim(dim, ndim() + 1, "unsqueeze", shape_);
-  Shape shape = shape_;
-  Strides strides = strides_;
-  const int64_t stride = d < ndim() ? shape_[d] * strides_[d] : 1;
+Tensor raw_unsqueeze(const Tensor& x, int64_t dim) {
+  check_defined(x, "unsqueeze");
+  const int64_t d = normalize_dim(dim, x.ndim() + 1, "unsqueeze", x.shape());
+  Shape shape = x.shape();
+  Strides strides = x.strides();
+  const int64_t stride = d < x.ndim() ? x.shape()[d] * x.strides()[d] : 1;
   shape.insert(d, 1);
   strides.insert(d, stride);
-  return recorded("unsqueeze", Tensor(storage_, shape, strides, offset_, dtype_), *this,
-                  [in = shape_](const Tensor& g) { return g.reshape(in); });
+  return with_view(x, shape, strides, x.offset());
 }
 
-Tensor Tensor::squeeze() const {
-  check_defined("squeeze");
+Tensor raw_squeeze(const Tensor& x) {
+  check_defined(x, "squeeze");
   Shape shape;
   Strides strides;
-  for (int64_t d = 0; d < ndim(); ++d) {
-    if (shape_[d] == 1) continue;
-    shape.push_back(shape_[d]);
-    strides.push_back(strides_[d]);
+  for (int64_t d = 0; d < x.ndim(); ++d) {
+    if (x.shape()[d] == 1) continue;
+    shape.push_back(x.shape()[d]);
+    strides.push_back(x.strides()[d]);
   }
-  return recorded("squeeze", Tensor(storage_, shape, strides, offset_, dtype_), *this,
-                  [in = shape_](const Tensor& g) { return g.reshape(in); });
+  return with_view(x, shape, strides, x.offset());
 }
 
-Tensor Tensor::squeeze(int64_t dim) const {
-  check_defined("squeeze");
-  const int64_t d = normalize_dim(dim, ndim(), "squeeze", shape_);
-  if (ndim() == 0 || shape_[d] != 1) return *this;
-  Shape shape = shape_;
-  Strides strides = strides_;
+Tensor raw_squeeze(const Tensor& x, int64_t dim) {
+  check_defined(x, "squeeze");
+  const int64_t d = normalize_dim(dim, x.ndim(), "squeeze", x.shape());
+  if (x.ndim() == 0 || x.shape()[d] != 1) return x;
+  Shape shape = x.shape();
+  Strides strides = x.strides();
   shape.erase(d);
   strides.erase(d);
-  return recorded("squeeze", Tensor(storage_, shape, strides, offset_, dtype_), *this,
-                  [in = shape_](const Tensor& g) { return g.reshape(in); });
+  return with_view(x, shape, strides, x.offset());
 }
 
-Tensor Tensor::flatten(int64_t start_dim, int64_t end_dim) const {
-  check_defined("flatten");
-  return reshape(flatten_shape(shape_, start_dim, end_dim));
-}
-
-Tensor Tensor::expand(const Shape& requested) const {
-  check_defined("expand");
-  const Shape shape = expand_shape(shape_, requested);
-  const int64_t n = shape.size(), lead = n - ndim();
+Tensor raw_expand(const Tensor& x, const Shape& requested) {
+  check_defined(x, "expand");
+  const Shape shape = expand_shape(x.shape(), requested);
+  const int64_t n = shape.size(), lead = n - x.ndim();
   Strides strides = Strides::filled(n, 0);
   for (int64_t i = lead; i < n; ++i)
-    if (shape[i] == shape_[i - lead]) strides[i] = strides_[i - lead];
-  return recorded("expand", Tensor(storage_, shape, strides, offset_, dtype_), *this,
-                  [in = shape_](const Tensor& g) { return autograd::GradOps<Tensor>::sum_to(g, in); });
+    if (shape[i] == x.shape()[i - lead]) strides[i] = x.strides()[i - lead];
+  return with_view(x, shape, strides, x.offset());
 }
+
+}  // namespace detail
 
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor) { return out << tensor.to_string(); }
 

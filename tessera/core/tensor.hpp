@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include <tessera/core/autograd.hpp>
+#include <tessera/core/grad_mode.hpp>
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/core/scalar.hpp>
@@ -116,7 +116,7 @@ class Tensor {
   /// Readable text: `tensor([[1, 2], [3, 4]], dtype=f32)`; large tensors are summarised.
   std::string to_string() const;
 
-  // --- autograd (core/autograd.hpp) ----------------------------------------------------------
+  // --- autograd (state: core/grad_mode.hpp; engine: grad/engine.hpp; defined in ops/tensor_autograd.cpp)
   // State lives in a Meta shared by copies of the handle made after requires_grad_(). Every op
   // and view on a tensor that requires a gradient records itself while grad mode is on.
   /// Whether gradients flow to this tensor (a leaf marked by requires_grad_, or an op's result).
@@ -155,15 +155,6 @@ class Tensor {
   std::shared_ptr<autograd::Meta> autograd_;
 };
 
-namespace autograd {
-/// Gradient arithmetic on Tensor, defined by the ops layer (ops/elementwise.cpp, ops/reduce.cpp).
-template <>
-struct GradOps<Tensor> {
-  static Tensor add(const Tensor& a, const Tensor& b);
-  /// Sums a broadcast gradient back to `shape` (the adjoint of expand).
-  static Tensor sum_to(const Tensor& grad, const Shape& shape);
-};
-}  // namespace autograd
 
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 

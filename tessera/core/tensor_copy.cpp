@@ -5,6 +5,8 @@
 #include <tessera/core/detail/strided_loop.hpp>
 #include <tessera/core/tensor.hpp>
 
+#include <tessera/core/detail/tensor_raw.hpp>
+
 namespace tessera {
 
 namespace {
@@ -75,8 +77,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
     std::memmove(raw_data(), src.raw_data(), static_cast<size_t>(nbytes()));
     return *this;
   }
-  if (partially_overlaps(*this, src)) return copy_(src.clone());  // e.g. x.copy_(x.t())
-  const Tensor from = src.expand(shape_);
+  if (partially_overlaps(*this, src)) return copy_(detail::raw_clone(src));  // e.g. x.copy_(x.t())
+  const Tensor from = detail::raw_expand(src, shape_);
   visit(dtype_, [&]<class To>(TypeTag<To>) {
     visit(from.dtype(), [&]<class From>(TypeTag<From>) {
       detail::strided_loop<2>(shape_, {&strides_, &from.strides()}, {detail::bytes(*this), detail::bytes(from)},
@@ -98,30 +100,29 @@ Tensor& Tensor::fill_(Scalar value) {
   return *this;
 }
 
-Tensor Tensor::contiguous() const {
-  check_defined("contiguous");
-  return is_contiguous() ? *this : clone();
-}
+namespace detail {
 
-Tensor Tensor::clone() const {
-  check_defined("clone");
-  Tensor out = empty(shape_, dtype_);
-  out.copy_(*this);
-  if (autograd::needs_grad<Tensor>({this}))
-    autograd::record<Tensor>("clone", out, {this}, [](const Tensor& g) { return std::vector<Tensor>{g}; });
+Tensor raw_clone(const Tensor& x) {
+  TESSERA_CHECK(x.defined(), ValueError, "clone", "tensor is undefined (default-constructed)");
+  Tensor out = empty(x.shape(), x.dtype());
+  out.copy_(x);
   return out;
 }
 
-Tensor Tensor::to(DType dtype) const {
-  check_defined("to");
-  if (dtype == dtype_) return *this;
-  Tensor out = empty(shape_, dtype);
-  out.copy_(*this);
-  if (is_floating(dtype) && autograd::needs_grad<Tensor>({this}))
-    autograd::record<Tensor>("to", out, {this},
-                             [from = dtype_](const Tensor& g) { return std::vector<Tensor>{g.to(from)}; });
+Tensor raw_to(const Tensor& x, DType dtype) {
+  TESSERA_CHECK(x.defined(), ValueError, "to", "tensor is undefined (default-constructed)");
+  if (dtype == x.dtype()) return x;
+  Tensor out = empty(x.shape(), dtype);
+  out.copy_(x);
   return out;
 }
+
+Tensor raw_contiguous(const Tensor& x) {
+  TESSERA_CHECK(x.defined(), ValueError, "contiguous", "tensor is undefined (default-constructed)");
+  return x.is_contiguous() ? x : raw_clone(x);
+}
+
+}  // namespace detail
 
 template <class T>
 T Tensor::item() const {
@@ -133,7 +134,7 @@ T Tensor::item() const {
 template <class T>
 std::vector<T> Tensor::to_vector() const {
   check_defined("to_vector");
-  const Tensor c = to(dtype_of<T>()).contiguous();
+  const Tensor c = detail::raw_contiguous(detail::raw_to(*this, dtype_of<T>()));
   const T* p = static_cast<const T*>(c.raw_data());
   return std::vector<T>(p, p + c.numel());
 }

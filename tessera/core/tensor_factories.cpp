@@ -6,6 +6,8 @@
 #include <tessera/core/detail/strided_loop.hpp>
 #include <tessera/core/tensor.hpp>
 
+#include <tessera/core/detail/tensor_raw.hpp>
+
 namespace tessera {
 
 namespace {
@@ -86,7 +88,8 @@ template <class F>
 bool all_pairs(const Tensor& a, const Tensor& b, const char* op, F&& f) {
   TESSERA_CHECK(a.defined() && b.defined(), ValueError, op, "tensor is undefined");
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
-  const Tensor x = a.to(DType::f64).expand(shape), y = b.to(DType::f64).expand(shape);
+  const Tensor x = detail::raw_expand(detail::raw_to(a, DType::f64), shape),
+               y = detail::raw_expand(detail::raw_to(b, DType::f64), shape);
   bool ok = true;
   detail::strided_loop<2>(shape, {&x.strides(), &y.strides()}, {detail::bytes(x), detail::bytes(y)}, {8, 8},
                           [&](const detail::Run<2>& run) {

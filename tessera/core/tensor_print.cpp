@@ -7,6 +7,8 @@
 
 #include <tessera/core/tensor.hpp>
 
+#include <tessera/core/detail/tensor_raw.hpp>
+
 namespace tessera {
 
 namespace {
@@ -113,7 +115,7 @@ struct Printer {
 std::string Tensor::to_string() const {
   if (!defined()) return "tensor(undefined)";
   const bool integral = !is_floating(dtype_);
-  const Tensor values = to(integral ? DType::i64 : DType::f64).contiguous();
+  const Tensor values = detail::raw_contiguous(detail::raw_to(*this, integral ? DType::i64 : DType::f64));
   Printer printer{values, integral, dtype_ == DType::b8, numel() > kSummariseAbove};
   printer.choose_float_mode();
   printer.measure(0, 0);

@@ -3,6 +3,7 @@
 // Tensor (DESIGN.md §2, §5). Cheap to copy: the local tensor shares storage and the layout is a
 // value. Every rank of the mesh runs the same calls (SPMD); calls that communicate say so.
 #include <cstdint>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include <tessera/core/tensor.hpp>
+#include <tessera/grad/engine.hpp>
 #include <tessera/mesh/device_mesh.hpp>
 #include <tessera/sharding/layout.hpp>
 #include <tessera/sharding/plan.hpp>
@@ -94,7 +96,49 @@ class DTensor {
   /// "DTensor([8, 6] f32 on mesh[dp=2, tp=2] as (S(0), R))".
   std::string to_string() const;
 
-  // --- autograd (as on Tensor; core/autograd.hpp) -------------------------------------------
+  // --- in-place ops, conversion, item (dtensor/conveniences.cpp) ---------------------------
+  // Every rank of the mesh makes the same calls; the in-place ops do not communicate. The result
+  // keeps this DTensor's layout and is written into the local's storage (Tensor::copy_), so every
+  // handle on that storage (an earlier to_local()) sees it; a rank outside the mesh does nothing.
+  // A DTensor operand must have this layout up to dtype (global shape, mesh, placements, shard
+  // orders, piece sizes). Each op throws, on every rank alike and before writing:
+  //   ShardingError naming the op if this DTensor or an operand is undefined, if an operand's
+  //   layout differs (both layouts named), or for the Partial cases each op lists;
+  //   ValueError if this DTensor requires a gradient (outside autograd::NoGradGuard, as
+  //   Tensor::copy_), if an operand does (in-place ops are not recorded), or (add_, mul_) if the
+  //   result's dtype is of a higher category (b8 < integer < floating) than this dtype, as torch.
+  /// this += other. Partial: P(sum) or P(avg) only (the same on both, as the layouts match);
+  /// throws ShardingError for P(max)/P(min)/P(product) (a sum of maxima is not a maximum of sums).
+  DTensor& add_(const DTensor& other);
+  /// this += value, counted once: on P(sum) mesh dims only the ranks at coordinate 0 add it;
+  /// P(avg)/P(max)/P(min) add it on every rank. Throws ShardingError for P(product).
+  DTensor& add_(Scalar value);
+  /// this *= other. Throws ShardingError if either is Partial (redistribute to Replicate first).
+  DTensor& mul_(const DTensor& other);
+  /// this *= value. P(sum)/P(avg) scale; throws ShardingError for P(max)/P(min) with a negative
+  /// value (it swaps maxima and minima) and for P(product) (each rank's factor would count).
+  DTensor& mul_(Scalar value);
+  /// Every element becomes value (converted to this dtype). Partial: value on the ranks at
+  /// coordinate 0 on every P(sum)/P(product) mesh dim, 0 on the other ranks of a P(sum) dim, 1 on
+  /// those of a P(product) dim; P(avg)/P(max)/P(min) dims hold value on every rank.
+  DTensor& fill_(Scalar value);
+  /// Zeros on every rank (zero under every Partial reduction).
+  DTensor& zero_();
+  /// Copies src's values, converting the dtype. src must have this layout up to dtype; a Partial
+  /// src hands over its pending values as they are.
+  DTensor& copy_(const DTensor& src);
+  /// value wherever mask (any dtype, non-zero is true; this layout up to dtype) is true. Throws
+  /// ShardingError if either is Partial (redistribute to Replicate first).
+  DTensor& masked_fill_(const DTensor& mask, Scalar value);
+  /// This DTensor in another dtype: each local converted, same layout, no communication (a
+  /// Partial converts its pending values: P(sum) f32 -> i32 truncates each rank's term). Itself
+  /// when already of dtype. Recorded for autograd into a floating dtype, as Tensor::to.
+  DTensor to(DType dtype) const;
+  /// The value of a one-element DTensor (of its full tensor), as a Scalar of its dtype's kind.
+  /// Collective over the mesh. Throws ValueError naming the shape if numel() != 1, on every rank.
+  Scalar item() const;
+
+  // --- autograd (as on Tensor; core/grad_mode.hpp, grad/engine.hpp) -------------------------
   // A leaf's gradient has the leaf's layout with Partial replaced by Replicate: a Replicate
   // parameter's gradient is all-reduced (data parallel), a Shard one's reduce-scattered (FSDP).
   // Redistributions are recorded; the adjoint of a redistribution moves the gradient back to the
@@ -164,6 +208,30 @@ DTensor full(const Shape& shape, double value, const DeviceMesh& mesh, std::vect
 /// with one manual_seed on every rank the result equals the unsharded rand/randn bit for bit.
 DTensor rand(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);
 DTensor randn(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);
+
+/// DTensors of x's layout (placements, shard orders, piece sizes) and dtype, or `dtype`: each rank
+/// builds only its block, no communication; none requires a gradient. empty_like and zeros_like
+/// keep a Partial layout (zeros reduce to zeros); ones_like, full_like, rand_like and randn_like
+/// throw ShardingError naming the op for a Partial layout (redistribute to Replicate first). All
+/// throw ShardingError for an undefined x.
+DTensor empty_like(const DTensor& x, std::optional<DType> dtype = std::nullopt);
+DTensor zeros_like(const DTensor& x, std::optional<DType> dtype = std::nullopt);
+DTensor ones_like(const DTensor& x, std::optional<DType> dtype = std::nullopt);
+DTensor full_like(const DTensor& x, Scalar value, std::optional<DType> dtype = std::nullopt);
+/// As rand/randn for x's shape and placements (one draw from the calling rank's generator, each
+/// rank its block of the unsharded draw): equal to rand(x.shape(), mesh, placements) bit for bit.
+/// Throws ValueError for a non-floating dtype.
+DTensor rand_like(const DTensor& x, std::optional<DType> dtype = std::nullopt);
+DTensor randn_like(const DTensor& x, std::optional<DType> dtype = std::nullopt);
+
+/// Same global shape, same dtype and equal values (NaN unequal), with the same answer on every
+/// rank: b is moved to a's layout (Partial dims of a replaced by Replicate), the locals compared
+/// and the verdicts all-reduced. Collective over the mesh unless shape or dtype differ (then false
+/// at once). Throws ShardingError if either is undefined or they live on different meshes.
+bool equal(const DTensor& a, const DTensor& b);
+
+/// Writes x.to_string(): "DTensor([8, 6] f32 on mesh[dp=2, tp=2] as (S(0), R))".
+std::ostream& operator<<(std::ostream& out, const DTensor& x);
 
 /// The plan a redistribution from `src` to `dst` runs: plan() memoised per process (pure, so
 /// every rank computes the same one). Thread-safe.

@@ -1,5 +1,5 @@
 // DTensor's autograd surface: leaves whose gradients land in the leaf's layout, backward(), detach().
-#include <tessera/core/autograd.hpp>
+#include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/dtensor/ops.hpp>
 

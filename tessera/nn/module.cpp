@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include <tessera/core/autograd.hpp>
+#include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/ops.hpp>
 
 namespace tessera::nn {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <numbers>
 
-#include <tessera/core/autograd.hpp>
+#include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/ops.hpp>
 
 namespace tessera::nn {

@@ -6,3 +6,5 @@
 #include <tessera/ops/random.hpp>
 #include <tessera/ops/reduce.hpp>
 #include <tessera/ops/shape_ops.hpp>
+// The engine on Tensor: autograd::record<Tensor> for custom differentiable functions.
+#include <tessera/ops/detail/tensor_grad_ops.hpp>

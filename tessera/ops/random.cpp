@@ -38,6 +38,8 @@
 // per element; the per-element transform is a lambda inlined into the loop.
 #include <tessera/ops/random.hpp>
 
+#include <tessera/ops/detail/tensor_grad_ops.hpp>
+
 #include <cmath>
 #include <limits>
 #include <numbers>

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <ostream>
 
 #include <tessera/core/error.hpp>
 
@@ -23,6 +24,9 @@ std::string to_string(const Placements& placements) {
   for (size_t i = 0; i < placements.size(); ++i) text += (i ? ", " : "") + to_string(placements[i]);
   return text + ")";
 }
+
+std::ostream& operator<<(std::ostream& out, const Placement& placement) { return out << to_string(placement); }
+std::ostream& operator<<(std::ostream& out, const Placements& placements) { return out << to_string(placements); }
 
 namespace {
 std::string_view trim(std::string_view text) {

@@ -2,6 +2,7 @@
 // Placements: how a tensor lies along one mesh dim. Pure values.
 #include <cstdint>
 #include <functional>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -41,6 +42,10 @@ inline bool is_partial(const Placement& p) { return std::holds_alternative<Parti
 std::string to_string(const Placement& placement);
 /// "(S(0), R)".
 std::string to_string(const Placements& placements);
+/// Write to_string(): "S(0)" and "(S(0), R)". Found by argument-dependent lookup (the variant's
+/// and the vector's element types live in tessera).
+std::ostream& operator<<(std::ostream& out, const Placement& placement);
+std::ostream& operator<<(std::ostream& out, const Placements& placements);
 /// Parses "S(0)", "S(-1)", "R", "P", "P(max)". Throws ShardingError naming the text if malformed.
 Placement parse_placement(std::string_view text);
 /// Parses "(S(0), R)" or "S(0),R" (parentheses and spaces optional).

@@ -9,7 +9,8 @@
 #include <optional>
 #include <vector>
 
-#include <tessera/core/autograd.hpp>
+#include <tessera/grad/engine.hpp>
+#include <tessera/ops/detail/tensor_grad_ops.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/op_table.hpp>
 

@@ -1,18 +1,11 @@
 // The backward pass: a topological walk of the recorded graph (Kahn's algorithm on the nodes
 // reachable from the root), so each node runs once, with the sum of its output's gradients.
-#include <tessera/core/autograd.hpp>
+#include <tessera/grad/engine.hpp>
 
 #include <deque>
 #include <unordered_map>
 
 namespace tessera::autograd {
-
-namespace {
-thread_local bool grad_enabled = true;
-}
-
-bool is_grad_enabled() { return grad_enabled; }
-void set_grad_enabled(bool enabled) { grad_enabled = enabled; }
 
 void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad) {
   NoGradGuard no_grad;

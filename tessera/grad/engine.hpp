@@ -1,9 +1,8 @@
 #pragma once
-// Reverse-mode autograd graph, shared by Tensor and DTensor (DESIGN.md §1: autograd is built on
-// both). The graph is type-erased so that this core header names neither type's ops: a node maps
-// the gradient of its output (a Tensor or a DTensor, held in std::any) to the gradients of its
-// inputs, and each op's derivative lives next to the op (ops/detail/derivatives.hpp), written
-// once for both types.
+// The reverse-mode autograd graph, shared by Tensor and DTensor (DESIGN.md §1). The graph is
+// type-erased so that this layer names neither type's ops: a node maps the gradient of its output
+// (a Tensor or a DTensor, held in std::any) to the gradients of its inputs, and each op's
+// derivative lives next to the op (ops/detail/derivatives.hpp), written once for both types.
 //
 // Recording costs one thread-local flag test and one pointer test per input when nothing
 // requires a gradient, so the dispatch hot path is unchanged.
@@ -14,24 +13,13 @@
 #include <string>
 #include <vector>
 
-namespace tessera::autograd {
+#include <tessera/core/grad_mode.hpp>
 
-class Node;
+namespace tessera::autograd {
 
 /// Gradient arithmetic per tensor type, specialised beside each type (Tensor, DTensor).
 template <class T>
 struct GradOps;  // static T add(const T&, const T&);
-
-/// Autograd state of one tensor handle (shared by its copies).
-struct Meta {
-  bool requires_grad = false;
-  /// The node that produced this tensor; null for a leaf.
-  std::shared_ptr<Node> grad_fn;
-  /// Leaves: the accumulated gradient (Tensor or DTensor), empty until backward reaches it.
-  std::any grad;
-  /// Leaves: adds `incoming` into `grad`, converting it to the leaf's dtype and layout.
-  std::function<void(Meta&, const std::any& incoming)> accumulate;
-};
 
 /// One recorded op: gradients of its inputs from the gradient of its output.
 class Node {
@@ -52,22 +40,6 @@ class Node {
 
  private:
   const char* name_;
-};
-
-/// Whether ops record the graph on this thread (each rank of the threads backend has its own).
-bool is_grad_enabled();
-void set_grad_enabled(bool enabled);
-
-/// RAII: no recording inside the scope (optimizer updates, evaluation). Restores the previous mode.
-class NoGradGuard {
- public:
-  NoGradGuard() : previous_(is_grad_enabled()) { set_grad_enabled(false); }
-  ~NoGradGuard() { set_grad_enabled(previous_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
-
- private:
-  bool previous_;
 };
 
 /// Runs the backward pass from `root` (the Meta of the tensor backward() was called on) with the
@@ -102,22 +74,6 @@ class FunctionNode final : public Node {
  private:
   Backward backward_;
 };
-
-/// True when recording is on and any input requires a gradient.
-template <class T>
-bool needs_grad(std::initializer_list<const T*> inputs) {
-  if (!is_grad_enabled()) return false;
-  for (const T* input : inputs)
-    if (input && input->requires_grad()) return true;
-  return false;
-}
-template <class T>
-bool needs_grad(const std::vector<T>& inputs) {
-  if (!is_grad_enabled()) return false;
-  for (const T& input : inputs)
-    if (input.requires_grad()) return true;
-  return false;
-}
 
 /// Makes `out` the output of a new node over `inputs` (null entries: inputs that are not tensors).
 template <class Out, class In>
