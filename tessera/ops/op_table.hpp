@@ -67,15 +67,21 @@
   X(le, predicate, none) X(gt, predicate, none) X(ge, predicate, none)              \
   X(logical_and, predicate, none) X(logical_or, predicate, none)
 
-// The ops whose Tensor and DTensor functions are written by hand (structured arguments, several
-// outputs, kernels that need the decision). Each still has one rule and one derivative.
-#define TESSERA_STRUCTURED_OPS(X)                                                             \
-  X(logical_not) X(where) X(masked_fill) X(clamp)                                             \
-  X(sum) X(mean) X(prod) X(amax) X(amin) X(var) X(argmax) X(argmin)                           \
-  X(matmul) X(bmm) X(linear)                                                                  \
-  X(softmax) X(log_softmax) X(layer_norm) X(rms_norm) X(embedding) X(class_pick)              \
-  X(embedding_backward) X(class_pick_backward)                                                \
-  X(reshape) X(expand) X(permute) X(narrow) X(cat) X(stack)
+// The families whose Tensor and DTensor functions are written by hand (structured arguments,
+// several outputs, kernels that read the dispatch decision). Each op still has one rule
+// (sharding/op_rules.cpp and the family's rules file) and one derivative; X(name).
+#define TESSERA_SELECTION_OPS(X) X(logical_not) X(where) X(masked_fill) X(clamp)
+#define TESSERA_REDUCTION_OPS(X) X(sum) X(mean) X(prod) X(amax) X(amin) X(var) X(argmax) X(argmin)
+#define TESSERA_LINALG_OPS(X) X(matmul) X(bmm) X(linear)
+#define TESSERA_NN_OPS(X) \
+  X(softmax) X(log_softmax) X(layer_norm) X(rms_norm) X(embedding) X(class_pick) X(embedding_backward) X(class_pick_backward)
+#define TESSERA_VIEW_OPS(X) X(reshape) X(expand) X(permute) X(narrow) X(cat) X(stack)
+// Shape ops that copy (sharding/shape_rules.cpp).
+#define TESSERA_SHAPE_OPS(X)
+
+#define TESSERA_STRUCTURED_OPS(X)                                                              \
+  TESSERA_SELECTION_OPS(X) TESSERA_REDUCTION_OPS(X) TESSERA_LINALG_OPS(X) TESSERA_NN_OPS(X)    \
+  TESSERA_VIEW_OPS(X) TESSERA_SHAPE_OPS(X)
 
 namespace tessera {
 

@@ -76,6 +76,9 @@ FactorRule elementwise_factor_rule(const std::vector<Shape>& shapes, Linearity l
 /// The factor rule of torch.matmul on these shapes (1-d operands, broadcast batch dims).
 FactorRule matmul_factor_rule(const Shape& a, const Shape& b, std::string_view op);
 
+/// The rules of the TESSERA_SHAPE_OPS family (sharding/shape_rules.cpp).
+void register_shape_rules(RuleRegistry& registry);
+
 /// Adds the rule of every op of the op table to `registry`. Throws InternalError if an OpId is
 /// left without one.
 void register_builtin_rules(RuleRegistry& registry);
