@@ -60,6 +60,12 @@ template <class F>
   return throws_with<ValueError>(std::forward<F>(f), parts);
 }
 
+/// The same for ShardingError (layouts, placements, meshes).
+template <class F>
+::testing::AssertionResult sharding_error(F&& f, const std::vector<std::string>& parts) {
+  return throws_with<ShardingError>(std::forward<F>(f), parts);
+}
+
 /// The message of the ValueError fn throws ("" and a test failure if it throws none), for tests
 /// that check it with contains() / starts_with().
 template <class F>

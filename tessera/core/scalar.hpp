@@ -54,4 +54,9 @@ class Scalar {
   double double_ = 0;
 };
 
+/// The value no element of `dtype` lies below (lowest) or above: -inf/+inf for floating dtypes,
+/// the integer limits, false/true for b8. The identity of max (lowest) and of min.
+Scalar lowest_value(DType dtype);
+Scalar highest_value(DType dtype);
+
 }  // namespace tessera

@@ -11,8 +11,11 @@
 
 #include <tessera/core/scalar.hpp>
 #include <tessera/dtensor/dtensor.hpp>
+#include <tessera/ops/einsum.hpp>
 #include <tessera/ops/nn.hpp>
 #include <tessera/ops/op_table.hpp>
+#include <tessera/ops/shape_ops.hpp>
+#include <tessera/ops/detail/composites.hpp>
 
 namespace tessera {
 
@@ -65,12 +68,44 @@ DTensor amin(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepd
 DTensor var(const DTensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
 DTensor argmax(const DTensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 DTensor argmin(const DTensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+/// Composites of the reductions above, so a sharded reduced dim is reduced once, on the small
+/// result (semantics as on Tensor, ops/reduce.hpp): logsumexp (amax then a P(sum)), std,
+/// vector_norm (ord 2, 1, inf, -inf, 0, p), all, any, max/min along a dim with indices.
+DTensor logsumexp(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DTensor std(const DTensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+DTensor vector_norm(const DTensor& x, double ord = 2, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DTensor all(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+DTensor any(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+ValuesIndices<DTensor> max(const DTensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices<DTensor> min(const DTensor& x, int64_t dim, bool keepdim = false);
+
+// --- scans and sorting along one dim (semantics as on Tensor, ops/sort_scan.hpp) --------------
+/// A sharded dim is scanned in place: a local scan, then an exclusive scan of the pieces' totals
+/// (one all_gather of one slice per piece over the mesh dim); the result keeps x's sharding.
+/// A dim sharded by several mesh dims keeps the first (the others are gathered first); cumsum
+/// keeps P(sum)/P(avg) (linear), cumprod reduces Partials first.
+DTensor cumsum(const DTensor& x, int64_t dim);
+DTensor cumprod(const DTensor& x, int64_t dim);
+/// The dim is gathered (Replicate) first; the other dims stay sharded.
+ValuesIndices<DTensor> sort(const DTensor& x, int64_t dim = -1, bool descending = false);
+/// Over a sharded dim: a local topk on each piece, the k candidates of each piece gathered over
+/// the mesh dim (k per piece moves, not the dim), a topk of the candidates; the result's dim is
+/// replicated over that mesh dim. Other dims stay sharded.
+ValuesIndices<DTensor> topk(const DTensor& x, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
 
 // --- linear algebra: S(0) x R -> S(0), R x S(1) -> S(1), S(1) x S(0) -> P(sum), batch dims pass
 DTensor matmul(const DTensor& a, const DTensor& b);
 DTensor bmm(const DTensor& a, const DTensor& b);
 /// x @ weight^T + bias; with a sharded contraction the bias joins the Partial output once.
 DTensor linear(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias = std::nullopt);
+
+/// Einstein summation (ops/einsum.hpp); its equation is its sharding rule: a letter sharded on
+/// every operand that has it stays sharded, a contracted letter sharded gives P(sum).
+DTensor einsum(std::string_view equation, const std::vector<DTensor>& operands);
+/// beta * input + alpha * (mat1 @ mat2) / bmm(batch1, batch2), as on Tensor.
+DTensor addmm(const DTensor& input, const DTensor& mat1, const DTensor& mat2, double beta = 1.0, double alpha = 1.0);
+DTensor baddbmm(const DTensor& input, const DTensor& batch1, const DTensor& batch2, double beta = 1.0,
+                double alpha = 1.0);
 
 // --- nn ------------------------------------------------------------------------------------------
 /// The normalised dim is gathered if sharded; the others stay sharded.
@@ -87,6 +122,17 @@ DTensor embedding(const DTensor& weight, const DTensor& indices);
 /// sum-exp reduced across the class shards). Semantics as the Tensor cross_entropy.
 DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t ignore_index = -100,
                       Reduction reduction = Reduction::mean);
+
+/// x * mask / (1 - p) with the mask of the unsharded dropout (one draw, each rank generating its
+/// block of it): equals dropout(x.full_tensor(), p) bit for bit; x itself when p == 0 or not
+/// training. No communication.
+DTensor dropout(const DTensor& x, double p, bool training = true);
+/// -log_probs[target] reduced as cross_entropy; with the class dim sharded each rank picks the
+/// classes it holds (a P(sum)): the log-probabilities are never gathered.
+DTensor nll_loss(const DTensor& log_probs, const DTensor& target, int64_t ignore_index = -100,
+                 Reduction reduction = Reduction::mean);
+/// Mean (sum, none) of (input - target)^2.
+DTensor mse_loss(const DTensor& input, const DTensor& target, Reduction reduction = Reduction::mean);
 
 // --- views: sharding kept where the sharded dim maps cleanly, else a planned redistribution ----
 DTensor reshape(const DTensor& x, const Shape& shape);  ///< one -1 allowed
@@ -107,5 +153,24 @@ DTensor stack(const std::vector<DTensor>& tensors, int64_t dim = 0);
 std::vector<DTensor> chunk(const DTensor& x, int64_t chunks, int64_t dim = 0);
 std::vector<DTensor> split(const DTensor& x, int64_t split_size, int64_t dim = 0);
 std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
+
+// --- shape ops that copy ---------------------------------------------------------------------------
+// Semantics and errors as the Tensor ops (ops/shape_ops.hpp). Dims the op does not touch stay
+// sharded; touched dims are gathered first (flip, roll, repeat, pad). Every Partial passes through
+// (a constant pad with a non-zero fill reduces a P(sum) first).
+/// Flipped dims are gathered (they could stay sharded with the blocks exchanged in reverse order).
+DTensor flip(const DTensor& x, const std::vector<int64_t>& dims);
+/// Rolled dims are gathered. With no dims, rolls the flattened tensor (a reshape to 1-d and back).
+DTensor roll(const DTensor& x, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims = {});
+/// No communication for any sharding: each rank masks its block by the global row and column.
+DTensor tril(const DTensor& x, int64_t diagonal = 0);
+/// No communication for any sharding, as tril.
+DTensor triu(const DTensor& x, int64_t diagonal = 0);
+/// Dims repeated once stay sharded; new leading dims and repeated dims are whole.
+DTensor repeat(const DTensor& x, const std::vector<int64_t>& repeats);
+/// repeat with reps padded by leading 1s.
+DTensor tile(const DTensor& x, const std::vector<int64_t>& reps);
+/// Padded or cropped dims are gathered.
+DTensor pad(const DTensor& x, const std::vector<int64_t>& pads, PadMode mode = PadMode::constant, Scalar value = 0);
 
 }  // namespace tessera

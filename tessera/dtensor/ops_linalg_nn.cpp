@@ -233,4 +233,41 @@ DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t igno
   return div(sum(kept), sum(valid));
 }
 
+DTensor nll_loss(const DTensor& log_probs, const DTensor& target, int64_t ignore_index, Reduction reduction) {
+  const int64_t class_dim = class_dim_of(log_probs.shape(), log_probs.dtype(), target.shape(), target.dtype(), "nll_loss");
+  check_index_range(target, log_probs.shape()[class_dim], ignore_index, "nll_loss", "target");
+  return composites::masked_nll(class_pick(log_probs, target, class_dim), target, ignore_index, reduction);
+}
+
+DTensor mse_loss(const DTensor& input, const DTensor& target, Reduction reduction) {
+  return composites::mse_loss(input, target, reduction);
+}
+
+DTensor addmm(const DTensor& input, const DTensor& mat1, const DTensor& mat2, double beta, double alpha) {
+  return composites::add_product(input, mat1, mat2, beta, alpha, false);
+}
+
+DTensor baddbmm(const DTensor& input, const DTensor& batch1, const DTensor& batch2, double beta, double alpha) {
+  return composites::add_product(input, batch1, batch2, beta, alpha, true);
+}
+
+DTensor einsum(std::string_view equation, const std::vector<DTensor>& operands) {
+  TESSERA_CHECK(!operands.empty(), ValueError, "einsum", "expects at least one operand");
+  std::vector<Shape> shapes;
+  std::vector<const DTensor*> inputs;
+  for (const DTensor& t : operands) {
+    TESSERA_CHECK(t.dtype() == operands.front().dtype(), ValueError, "einsum", "operands of dtypes ",
+                  name(operands.front().dtype()), " and ", name(t.dtype()), "; convert them to one dtype");
+    shapes.push_back(t.shape());
+    inputs.push_back(&t);
+  }
+  const EinsumSpec spec = parse_einsum(equation, shapes);
+  DTensor out = detail::dispatch(RuleRegistry::id(OpId::einsum), inputs, EquationArgs{spec.equation},
+                                 [&](Locals l, const Decision&) {
+                                   return einsum(spec.equation, std::vector<Tensor>(l.begin(), l.end()));
+                                 });
+  derivatives::record_einsum(out, operands, spec);
+  return out;
+}
+
 }  // namespace tessera

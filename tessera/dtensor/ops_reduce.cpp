@@ -22,17 +22,6 @@ ReduceArgs encode(bool keepdim, const std::vector<int64_t>& dims, int64_t correc
   return ReduceArgs{DimVector(dims), keepdim, correction};
 }
 
-// The identity of max (lowest value) or min (highest) in a dtype: what an empty shard contributes.
-Scalar extreme(DType dtype, bool lowest) {
-  switch (dtype) {
-    case DType::i32: return lowest ? Scalar(std::numeric_limits<int32_t>::min()) : Scalar(std::numeric_limits<int32_t>::max());
-    case DType::i64: return lowest ? Scalar(std::numeric_limits<int64_t>::min()) : Scalar(std::numeric_limits<int64_t>::max());
-    case DType::u8: return lowest ? Scalar(0) : Scalar(255);
-    case DType::b8: return Scalar(!lowest);
-    default: return Scalar(lowest ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity());
-  }
-}
-
 DTensor extremum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim, bool is_max) {
   const char* name = is_max ? "amax" : "amin";
   const auto reduced = normalize_dims(dims, x.shape(), name).vec();
@@ -44,7 +33,7 @@ DTensor extremum(const DTensor& x, const std::vector<int64_t>& dims, bool keepdi
                                     bool empty_shard = false;
                                     for (int64_t dim : reduced) empty_shard |= l[0].shape()[dim] == 0;
                                     if (empty_shard)
-                                      return full(d.output_local_shape, extreme(l[0].dtype(), is_max), l[0].dtype());
+                                      return full(d.output_local_shape, is_max ? lowest_value(l[0].dtype()) : highest_value(l[0].dtype()), l[0].dtype());
                                     return is_max ? amax(l[0], reduced, keepdim) : amin(l[0], reduced, keepdim);
                                   }),
                           [&](DTensor& out) { derivatives::record_extreme_reduction(name, out, x, reduced, keepdim); });
@@ -124,6 +113,24 @@ DTensor argmax(const DTensor& x, std::optional<int64_t> dim, bool keepdim) {
 }
 DTensor argmin(const DTensor& x, std::optional<int64_t> dim, bool keepdim) {
   return arg_extremum(x, dim, keepdim, false);
+}
+
+DTensor logsumexp(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return composites::logsumexp(x, dims, keepdim);
+}
+DTensor std(const DTensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  return composites::std_dev(x, dims, correction, keepdim);
+}
+DTensor vector_norm(const DTensor& x, double ord, const std::vector<int64_t>& dims, bool keepdim) {
+  return composites::vector_norm(x, ord, dims, keepdim);
+}
+DTensor all(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) { return composites::all(x, dims, keepdim); }
+DTensor any(const DTensor& x, const std::vector<int64_t>& dims, bool keepdim) { return composites::any(x, dims, keepdim); }
+ValuesIndices<DTensor> max(const DTensor& x, int64_t dim, bool keepdim) {
+  return composites::max_along(x, dim, keepdim, true);
+}
+ValuesIndices<DTensor> min(const DTensor& x, int64_t dim, bool keepdim) {
+  return composites::max_along(x, dim, keepdim, false);
 }
 
 }  // namespace tessera

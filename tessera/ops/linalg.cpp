@@ -2,6 +2,8 @@
 // operands instead of being copied; only views BLAS cannot describe are made contiguous.
 #include <tessera/ops/linalg.hpp>
 
+#include <tessera/ops/detail/composites.hpp>
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -229,6 +231,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
   out = out.to(out_dtype);
   derivatives::record_linear(out, x, weight, bias);
   return out;
+}
+
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2, double beta, double alpha) {
+  TESSERA_CHECK(input.defined() && mat1.defined() && mat2.defined(), ValueError, "addmm", "an input tensor is undefined");
+  return composites::add_product(input, mat1, mat2, beta, alpha, false);
+}
+Tensor baddbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, double beta, double alpha) {
+  TESSERA_CHECK(input.defined() && batch1.defined() && batch2.defined(), ValueError, "baddbmm", "an input tensor is undefined");
+  return composites::add_product(input, batch1, batch2, beta, alpha, true);
 }
 
 }  // namespace tessera

@@ -23,4 +23,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
 void set_blas_threads(int n);
 int blas_threads();
 
+/// beta * input + alpha * (mat1 @ mat2) with 2-d mat1, mat2; input broadcasts to the product.
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2, double beta = 1.0, double alpha = 1.0);
+/// beta * input + alpha * bmm(batch1, batch2) with 3-d batches.
+Tensor baddbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, double beta = 1.0, double alpha = 1.0);
+
 }  // namespace tessera

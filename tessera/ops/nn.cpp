@@ -7,6 +7,9 @@
 // transposed copy is needed. Values are computed in compute_t<T> and stored back as T.
 #include <tessera/ops/nn.hpp>
 
+#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/indexing.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -442,6 +445,41 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   });
   record_cross_entropy(result, logits, tgt.reshape(target.shape()), ignore_index, reduction);
   return result;
+}
+
+int64_t class_dim_of(const Shape& logits, DType logits_dtype, const Shape& target, DType target_dtype, const char* op) {
+  TESSERA_CHECK(logits.size() >= 1, ValueError, op, "input shape [] has no class dim; expected [C], [N, C] or [N, C, d1, ...]");
+  const int64_t class_dim = logits.size() == 1 ? 0 : 1;
+  Shape expected = logits;
+  expected.erase(class_dim);
+  TESSERA_CHECK(target == expected, ValueError, op, "target shape ", target.to_string(), " does not match input shape ",
+                logits.to_string(), "; expected target shape ", expected.to_string());
+  TESSERA_CHECK(is_floating(logits_dtype), ValueError, op, "input must be floating, got ", name(logits_dtype));
+  TESSERA_CHECK(target_dtype == DType::i32 || target_dtype == DType::i64 || target_dtype == DType::u8, ValueError, op,
+                "target of shape ", target.to_string(), " has dtype ", name(target_dtype),
+                "; expected class indices of an integer dtype (i32, i64 or u8)");
+  return class_dim;
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, Reduction reduction) {
+  check_defined(log_probs, "nll_loss", "input");
+  check_defined(target, "nll_loss", "target");
+  const int64_t class_dim = class_dim_of(log_probs.shape(), log_probs.dtype(), target.shape(), target.dtype(), "nll_loss");
+  const int64_t classes = log_probs.shape()[class_dim];
+  const Tensor t = target.to(DType::i64);
+  const Tensor bad = logical_and(logical_or(lt(t, Scalar(0)), ge(t, Scalar(classes))), ne(t, Scalar(ignore_index)));
+  const int64_t found = t.numel() == 0 ? 0 : sum(bad).item<int64_t>();
+  TESSERA_CHECK(found == 0, ValueError, "nll_loss", found, found == 1 ? " target is" : " targets are", " out of [0, ",
+                classes, ") and not ignore_index ", ignore_index, " for input shape ", log_probs.shape().to_string());
+  // Ignored targets pick class 0 and are zeroed after.
+  const Tensor safe = where(ne(t, Scalar(ignore_index)), t, Scalar(int64_t{0})).unsqueeze(class_dim);
+  const Tensor picked = gather(log_probs, class_dim, safe).squeeze(class_dim);
+  return composites::masked_nll(picked, target, ignore_index, reduction);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  TESSERA_CHECK(input.defined() && target.defined(), ValueError, "mse_loss", "an input tensor is undefined (default-constructed)");
+  return composites::mse_loss(input, target, reduction);
 }
 
 }  // namespace tessera

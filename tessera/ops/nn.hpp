@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include <tessera/core/tensor.hpp>
+#include <tessera/ops/reduction.hpp>
 
 namespace tessera {
 
@@ -28,8 +29,6 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const std::optio
 /// for non-integer indices (i32, i64, u8 accepted) or for an index out of [0, num_embeddings).
 Tensor embedding(const Tensor& weight, const Tensor& indices);
 
-/// How cross_entropy reduces the per-element losses.
-enum class Reduction { none, mean, sum };
 
 /// Cross entropy of logits [N, C] (or [C], or [N, C, d1, ...]) with integer class targets
 /// [N] (or [], or [N, d1, ...]). Targets equal to ignore_index contribute nothing; the mean
@@ -38,6 +37,19 @@ enum class Reduction { none, mean, sum };
 /// Throws ValueError for mismatched shapes, non-integer targets or a target out of [0, C).
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                      Reduction reduction = Reduction::mean);
+
+/// Negative log likelihood of log-probabilities [N, C] (or [C], or [N, C, d1, ...]) at integer
+/// class targets: -log_probs[target], ignore_index contributing nothing, reduced as cross_entropy
+/// (cross_entropy(x, t) == nll_loss(log_softmax(x, 1), t)). Throws ValueError as cross_entropy.
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index = -100,
+                Reduction reduction = Reduction::mean);
+/// Mean (sum, none) of (input - target)^2; the shapes broadcast. Throws ValueError for non-floating
+/// inputs or shapes that do not broadcast.
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+
+/// The class dim of logits for class targets of `target` shape (0 for [C], else 1), checking the
+/// shapes and dtypes: Throws ValueError naming op. Pure; shared by the Tensor and DTensor losses.
+int64_t class_dim_of(const Shape& logits, DType logits_dtype, const Shape& target, DType target_dtype, const char* op);
 
 namespace detail {
 /// The gradient of embedding: [rows, dim] zeros with each row of grad ([..., dim]) added into row

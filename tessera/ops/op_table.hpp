@@ -72,12 +72,12 @@
 // (sharding/op_rules.cpp and the family's rules file) and one derivative; X(name).
 #define TESSERA_SELECTION_OPS(X) X(logical_not) X(where) X(masked_fill) X(clamp)
 #define TESSERA_REDUCTION_OPS(X) X(sum) X(mean) X(prod) X(amax) X(amin) X(var) X(argmax) X(argmin)
-#define TESSERA_LINALG_OPS(X) X(matmul) X(bmm) X(linear)
+#define TESSERA_LINALG_OPS(X) X(matmul) X(bmm) X(linear) X(einsum)
 #define TESSERA_NN_OPS(X) \
   X(softmax) X(log_softmax) X(layer_norm) X(rms_norm) X(embedding) X(class_pick) X(embedding_backward) X(class_pick_backward)
 #define TESSERA_VIEW_OPS(X) X(reshape) X(expand) X(permute) X(narrow) X(cat) X(stack)
 // Shape ops that copy (sharding/shape_rules.cpp).
-#define TESSERA_SHAPE_OPS(X)
+#define TESSERA_SHAPE_OPS(X) X(flip) X(roll) X(tril) X(triu) X(repeat) X(pad)
 
 #define TESSERA_STRUCTURED_OPS(X)                                                              \
   TESSERA_SELECTION_OPS(X) TESSERA_REDUCTION_OPS(X) TESSERA_LINALG_OPS(X) TESSERA_NN_OPS(X)    \

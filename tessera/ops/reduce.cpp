@@ -282,4 +282,18 @@ namespace autograd {
 Tensor GradOps<Tensor>::sum_to(const Tensor& grad, const Shape& shape) { return derivatives::sum_to(grad, shape); }
 }  // namespace autograd
 
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  return composites::logsumexp(x, dims, keepdim);
+}
+Tensor std(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  return composites::std_dev(x, dims, correction, keepdim);
+}
+Tensor vector_norm(const Tensor& x, double ord, const std::vector<int64_t>& dims, bool keepdim) {
+  return composites::vector_norm(x, ord, dims, keepdim);
+}
+Tensor all(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return composites::all(x, dims, keepdim); }
+Tensor any(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) { return composites::any(x, dims, keepdim); }
+ValuesIndices<Tensor> max(const Tensor& x, int64_t dim, bool keepdim) { return composites::max_along(x, dim, keepdim, true); }
+ValuesIndices<Tensor> min(const Tensor& x, int64_t dim, bool keepdim) { return composites::max_along(x, dim, keepdim, false); }
+
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include <tessera/core/tensor.hpp>
+#include <tessera/ops/detail/composites.hpp>
 
 namespace tessera {
 
@@ -24,5 +25,21 @@ Tensor var(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t corre
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
 /// Same as argmax for the minimum.
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim = std::nullopt, bool keepdim = false);
+
+/// log(sum(exp(x))) over dims, computed with the maximum shifted out (no overflow); -inf for an
+/// empty reduction.
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+/// Standard deviation: sqrt(var) with the same correction.
+Tensor std(const Tensor& x, const std::vector<int64_t>& dims = {}, int64_t correction = 1, bool keepdim = false);
+/// ||x||_ord over dims (all when empty): ord 2 (default), 1, inf, -inf, 0 (count of non-zeros) or
+/// any other p, as torch.linalg.vector_norm. Throws ValueError for non-floating x.
+Tensor vector_norm(const Tensor& x, double ord = 2, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+/// Whether all / any elements over dims are non-zero (b8).
+Tensor all(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+Tensor any(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+/// The maximum (minimum) along dim and the i64 index of its first occurrence (torch.max(x, dim)).
+/// Throws ValueError for a 0-d x or a zero-size dim.
+ValuesIndices<Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);
+ValuesIndices<Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
 
 }  // namespace tessera

@@ -26,10 +26,22 @@ struct Hasher {
   void operator()(const DimArgs& a) { mix(static_cast<size_t>(a.dim)); }
   void operator()(const NormArgs& a) { mix(static_cast<size_t>(a.normalized_ndim)); }
   void operator()(const ShapeArgs& a) { mix(a.shape); }
+  void operator()(const EquationArgs& a) { mix(std::hash<std::string>{}(a.equation)); }
   void operator()(const NarrowArgs& a) {
     mix(static_cast<size_t>(a.dim));
     mix(static_cast<size_t>(a.start));
     mix(static_cast<size_t>(a.length));
+  }
+  void operator()(const DiagonalArgs& a) { mix(static_cast<size_t>(a.diagonal)); }
+  void operator()(const PadArgs& a) {
+    mix(a.before);
+    mix(a.after);
+    mix(static_cast<size_t>(a.mode));
+    mix(static_cast<size_t>(a.value.kind()));
+    mix(static_cast<size_t>(a.value.to_int()));
+    // Every NaN hashes alike (PadArgs's == treats NaN fills as equal).
+    const double v = a.value.to_double();
+    mix(v == v ? std::hash<double>{}(v) : 0x7ff8ULL);
   }
 };
 
@@ -40,6 +52,14 @@ const char* kind_name(int8_t kind) {
     case Scalar::Kind::floating: return "f";
   }
   return "?";
+}
+
+std::string pad_text(const PadArgs& a) {
+  static constexpr const char* kModes[] = {"constant", "reflect", "replicate", "circular"};
+  std::string text = "(pads " + a.before.to_string() + ", " + a.after.to_string() + ", ";
+  text += a.mode < 4 ? kModes[a.mode] : "?";
+  if (a.mode == 0) text.append(" ").append(a.value.to_string());
+  return text + ")";
 }
 
 struct Printer {
@@ -59,11 +79,18 @@ struct Printer {
   }
   std::string operator()(const DimArgs& a) const { return "(dim " + std::to_string(a.dim) + ")"; }
   std::string operator()(const NormArgs& a) const { return "(normalized dims " + std::to_string(a.normalized_ndim) + ")"; }
-  std::string operator()(const ShapeArgs& a) const { return "(" + a.shape.to_string() + ")"; }
+  std::string operator()(const ShapeArgs& a) const {
+    std::string text = "(";  // appended, not "(" + ...: GCC 12 -O3 warns falsely (-Wrestrict) on that form
+    text += a.shape.to_string();
+    return text + ")";
+  }
+  std::string operator()(const EquationArgs& a) const { return "(" + a.equation + ")"; }
   std::string operator()(const NarrowArgs& a) const {
     return "(dim " + std::to_string(a.dim) + ", start " + std::to_string(a.start) + ", length " +
            std::to_string(a.length) + ")";
   }
+  std::string operator()(const DiagonalArgs& a) const { return "(diagonal " + std::to_string(a.diagonal) + ")"; }
+  std::string operator()(const PadArgs& a) const { return pad_text(a); }
 };
 
 }  // namespace

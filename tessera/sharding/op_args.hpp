@@ -59,8 +59,37 @@ struct NarrowArgs {
   friend bool operator==(const NarrowArgs&, const NarrowArgs&) = default;
 };
 
+/// tril and triu: the diagonal (0 the main one, > 0 above it, < 0 below it). Example: `(diagonal -1)`.
+struct DiagonalArgs {
+  int64_t diagonal = 0;
+  friend bool operator==(const DiagonalArgs&, const DiagonalArgs&) = default;
+};
+
+/// pad: per dim of the input, the elements added before and after it (negative: cropped), the
+/// mode (PadMode of ops/shape_ops.hpp: 0 constant, 1 reflect, 2 replicate, 3 circular) and the
+/// fill value of constant padding (0 for the other modes).
+/// Constraints: before and after sized to the input's ndim. Example: `(pads [0, 1], [0, 2], constant 0)`.
+struct PadArgs {
+  DimVector before, after;
+  uint8_t mode = 0;
+  Scalar value = 0;
+  friend bool operator==(const PadArgs& a, const PadArgs& b) {
+    return a.before == b.before && a.after == b.after && a.mode == b.mode && a.value.kind() == b.value.kind() &&
+           a.value.to_int() == b.value.to_int() &&
+           (a.value.to_double() == b.value.to_double() || (a.value.to_double() != a.value.to_double() &&
+                                                           b.value.to_double() != b.value.to_double()));
+  }
+};
+
+/// einsum: the normalised equation ("ij,jk->ik"), which is also its sharding rule.
+struct EquationArgs {
+  std::string equation;
+  friend bool operator==(const EquationArgs&, const EquationArgs&) = default;
+};
+
 /// The arguments of one op call; std::monostate for ops that take none (matmul, embedding).
-using OpArgs = std::variant<std::monostate, ElementwiseArgs, ReduceArgs, DimArgs, NormArgs, ShapeArgs, NarrowArgs>;
+using OpArgs = std::variant<std::monostate, ElementwiseArgs, ReduceArgs, DimArgs, NormArgs, ShapeArgs, NarrowArgs,
+                            DiagonalArgs, PadArgs, EquationArgs>;
 
 /// A hash mixing the alternative and its values.
 size_t hash_value(const OpArgs& args);

@@ -377,6 +377,18 @@ void register_builtin_rules(RuleRegistry& registry) {
                                return rule;
                              }));
 
+  // einsum: its equation is its rule; multilinear, so one Partial operand among replicated ones
+  // gives a Partial result.
+  registry.set(OpId::einsum, factor_rule_of(OpId::einsum, [](const std::vector<const Layout*>& in, const OpArgs& args) {
+                 FactorRule rule = FactorRule::parse(std::get<EquationArgs>(args).equation);
+                 for (size_t i = 0; i < in.size(); ++i)
+                   for (ReduceOp op : kLinearOps) {
+                     Placements row(in.size(), Replicate{});
+                     row[i] = Partial{op};
+                     rule.linear.push_back({row, Partial{op}});
+                   }
+                 return rule;
+               }));
   // softmax, log_softmax: the dim they normalise stays whole (a 0-d input has none).
   const auto along_dim = [](const std::vector<const Layout*>& in, const OpArgs& args) {
     FactorRule rule = normalization_rule(in, 0, 0);

@@ -201,6 +201,40 @@ TEST(DTensorGrad, Reductions) {
   });
 }
 
+TEST(DTensorGrad, CompositeReductionsScansAndSorting) {
+  for_each_world(kWorlds, [] {
+    const Tensor a = values({5, 3}, 31), p = values({5, 3}, 32, true);
+    check_grads(
+        "logsumexp", {{a}}, [](auto& x) { return logsumexp(x[0], {0}); }, [](auto& x) { return logsumexp(x[0], {0}); });
+    check_grads(
+        "std", {{a}}, [](auto& x) { return tessera::std(x[0], {1}); }, [](auto& x) { return tessera::std(x[0], {1}); });
+    check_grads(
+        "vector_norm", {{a}}, [](auto& x) { return vector_norm(x[0], 2, {0}) + vector_norm(x[0], 1, {0}); },
+        [](auto& x) { return vector_norm(x[0], 2, {0}) + vector_norm(x[0], 1, {0}); });
+    check_grads(
+        "cumsum", {{a}}, [](auto& x) { return cumsum(x[0], 0) + cumsum(x[0], 1); },
+        [](auto& x) { return cumsum(x[0], 0) + cumsum(x[0], 1); });
+    check_grads(
+        "cumprod", {{p}}, [](auto& x) { return cumprod(x[0], 0); }, [](auto& x) { return cumprod(x[0], 0); });
+    check_grads(
+        "sort", {{a}}, [](auto& x) { return sort(x[0], 0).values; }, [](auto& x) { return sort(x[0], 0).values; });
+    check_grads(
+        "topk", {{a}}, [](auto& x) { return topk(x[0], 2, 0).values; }, [](auto& x) { return topk(x[0], 2, 0).values; });
+    check_grads(
+        "einsum", {{a, values({3, 4}, 33)}}, [](auto& x) { return einsum("ij,jk->ik", x); },
+        [](auto& x) { return einsum("ij,jk->ik", x); });
+    check_grads(
+        "einsum summed letter", {{a, values({4}, 34)}}, [](auto& x) { return einsum("ij,k->ik", x); },
+        [](auto& x) { return einsum("ij,k->ik", x); });
+    check_grads(
+        "dropout", {{a}}, [](auto& x) { manual_seed(3); return dropout(x[0], 0.4); },
+        [](auto& x) { manual_seed(3); return dropout(x[0], 0.4); });
+    check_grads(
+        "losses", {{a, values({5, 3}, 35)}}, [](auto& x) { return mse_loss(x[0], x[1]) + logsumexp(x[0]); },
+        [](auto& x) { return mse_loss(x[0], x[1]) + logsumexp(x[0]); });
+  });
+}
+
 TEST(DTensorGrad, MatmulLinearAndNn) {
   for_each_world(kWorlds, [] {
     check_grads(
@@ -436,5 +470,32 @@ TEST(DTensorGrad, LeavesAndErrors) {
         {"[DTensor::full_tensor]", "grad_placements", "Replicate or Partial"}));
     EXPECT_TRUE(
         throws_with<ShardingError>([&] { (void)y.reduce({"dp"}); }, {"[DTensor::reduce]", "not differentiable"}));
+  });
+}
+
+TEST(DTensorGrad, ShapeOpsThatCopy) {
+  for_each_world(kWorlds, [] {
+    const Tensor x = values({5, 3}, 42), b = values({2, 5, 3}, 43);
+    check_grads(
+        "flip", {{x}}, [](auto& t) { return flip(t[0], {0, 1}); }, [](auto& t) { return flip(t[0], {0, 1}); });
+    check_grads(
+        "roll", {{x}}, [](auto& t) { return roll(t[0], {2, -1}, {0, 1}) + roll(t[0], {4}); },
+        [](auto& t) { return roll(t[0], {2, -1}, {0, 1}) + roll(t[0], {4}); });
+    check_grads(
+        "tril", {{b}}, [](auto& t) { return tril(t[0], -1); }, [](auto& t) { return tril(t[0], -1); });
+    check_grads(
+        "triu", {{b}}, [](auto& t) { return triu(t[0], 1); }, [](auto& t) { return triu(t[0], 1); });
+    check_grads(
+        "repeat", {{x}}, [](auto& t) { return repeat(t[0], {2, 1, 3}); },
+        [](auto& t) { return repeat(t[0], {2, 1, 3}); });
+    check_grads(
+        "tile", {{b}}, [](auto& t) { return tile(t[0], {2, 1}); }, [](auto& t) { return tile(t[0], {2, 1}); });
+    check_grads(
+        "pad constant", {{x}}, [](auto& t) { return pad(t[0], {1, -1, 2, 0}, PadMode::constant, 0.5); },
+        [](auto& t) { return pad(t[0], {1, -1, 2, 0}, PadMode::constant, 0.5); });
+    for (PadMode mode : {PadMode::reflect, PadMode::replicate, PadMode::circular})
+      check_grads(
+          std::string("pad ") + to_string(mode), {{x}}, [mode](auto& t) { return pad(t[0], {2, 1, 1, 3}, mode); },
+          [mode](auto& t) { return pad(t[0], {2, 1, 1, 3}, mode); });
   });
 }

@@ -2,6 +2,8 @@
 // the engine's semantics: accumulation, no-grad scopes, shared subexpressions, errors.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include <tessera/autograd/gradcheck.hpp>
 #include <tessera/ops/ops.hpp>
 
@@ -99,6 +101,47 @@ TEST(TensorGrad, Reductions) {
       EXPECT_GRADCHECK([&](Inputs t) { return var(t[0], dims, 1, keepdim); }, x);
     }
   }
+}
+
+TEST(TensorGrad, CompositeReductionsScansAndSorting) {
+  const Tensor x = values({3, 4}, 21), p = positive({3, 4}, 22);
+  EXPECT_GRADCHECK([](Inputs t) { return logsumexp(t[0], {1}); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return logsumexp(t[0]); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return tessera::std(t[0], {0}, 1, true); }, x);
+  for (double ord : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()})
+    EXPECT_GRADCHECK([ord](Inputs t) { return vector_norm(t[0], ord, {1}); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return max(t[0], 1).values; }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return min(t[0], 0, true).values; }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return cumsum(t[0], 1); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return cumsum(t[0], 0); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return cumprod(t[0], 1); }, p);
+  EXPECT_GRADCHECK([](Inputs t) { return sort(t[0], 1, true).values; }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return topk(t[0], 2, 0).values; }, x);
+}
+
+TEST(TensorGrad, IndexingOps) {
+  const Tensor x = values({3, 4}, 23), src = values({3, 2}, 24);
+  const Tensor index = from_vector<int64_t>({3, 0, 1, 1, 2, 3}, {3, 2});
+  const Tensor distinct = from_vector<int64_t>({3, 0, 1, 2, 2, 3}, {3, 2});
+  const Tensor rows = from_vector<int64_t>({2, 0, 2});
+  EXPECT_GRADCHECK([&](Inputs t) { return gather(t[0], 1, index); }, x);
+  EXPECT_GRADCHECK([&](Inputs t) { return scatter(t[0], 1, distinct, t[1]); }, x, src);
+  EXPECT_GRADCHECK([&](Inputs t) { return scatter_add(t[0], 1, index, t[1]); }, x, src);
+  EXPECT_GRADCHECK([&](Inputs t) { return index_select(t[0], 0, rows); }, x);
+  EXPECT_GRADCHECK([&](Inputs t) { return index_add(t[0], 0, rows, t[1]); }, x, values({3, 4}, 25));
+}
+
+TEST(TensorGrad, LossesAndProducts) {
+  const Tensor x = values({4, 3}, 26), y = values({4, 3}, 27);
+  const Tensor target = from_vector<int64_t>({2, 0, -100, 1});
+  EXPECT_GRADCHECK([&](Inputs t) { return nll_loss(log_softmax(t[0], 1), target); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return mse_loss(t[0], t[1]); }, x, y);
+  EXPECT_GRADCHECK([](Inputs t) { return addmm(t[0], t[1], t[2], 0.5, 2.0); }, values({3}, 28), x, values({3, 3}, 29));
+  EXPECT_GRADCHECK([](Inputs t) { return baddbmm(t[0], t[1], t[2]); }, values({2, 2, 3}, 30), values({2, 2, 4}, 31),
+                   values({2, 4, 3}, 32));
+  EXPECT_GRADCHECK([](Inputs t) { return einsum("ij,jk->ik", t); }, x, values({3, 2}, 33));
+  EXPECT_GRADCHECK([](Inputs t) { return einsum("bij,bj->i", t); }, values({2, 3, 4}, 34), values({2, 4}, 35));
+  EXPECT_GRADCHECK([](Inputs t) { return einsum("ij,k->ik", t); }, x, values({5}, 36));
 }
 
 TEST(TensorGrad, MatmulBmmLinear) {
@@ -245,4 +288,18 @@ TEST(TensorGrad, Errors) {
   autograd::NoGradGuard no_grad;
   x.fill_(2.0);  // allowed without recording (optimizer updates)
   EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{2, 2, 2, 2}));
+}
+
+TEST(TensorGrad, ShapeOpsThatCopy) {
+  const Tensor x = values({3, 4}, 40), b = values({2, 3, 4}, 41);
+  EXPECT_GRADCHECK([](Inputs t) { return flip(t[0], {0, -1}); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return roll(t[0], {1, -3}, {0, 1}); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return roll(t[0], {5}); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return tril(t[0], -1); }, b);
+  EXPECT_GRADCHECK([](Inputs t) { return triu(t[0], 1); }, b);
+  EXPECT_GRADCHECK([](Inputs t) { return repeat(t[0], {2, 1, 3}); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return tile(t[0], {2}); }, x);
+  EXPECT_GRADCHECK([](Inputs t) { return pad(t[0], {1, 2, -1, 1}, PadMode::constant, 0.5); }, x);
+  for (PadMode mode : {PadMode::reflect, PadMode::replicate, PadMode::circular})
+    EXPECT_GRADCHECK([mode](Inputs t) { return pad(t[0], {2, 3, 1, 2}, mode); }, x);
 }

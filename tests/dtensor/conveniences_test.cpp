@@ -13,6 +13,7 @@
 #include <tessera/tessera.hpp>
 
 #include "placement_sweep.hpp"
+#include "sharded_inputs.hpp"
 #include "rank_test_util.hpp"
 #include "test_util.hpp"
 
@@ -21,11 +22,6 @@ using namespace tessera::testing;
 
 namespace {
 
-template <class F>
-::testing::AssertionResult sharding_error(F&& f, const std::vector<std::string>& parts) {
-  return throws_with<ShardingError>(std::forward<F>(f), parts);
-}
-
 // The deterministic global of `shape`: element i (row-major) is (3i + salt) % 17 - 8.
 Tensor pattern(const Shape& shape, int64_t salt = 0, DType dtype = DType::f32) {
   std::vector<float> v(static_cast<size_t>(shape.numel()));
@@ -33,27 +29,6 @@ Tensor pattern(const Shape& shape, int64_t salt = 0, DType dtype = DType::f32) {
   return from_vector(v, shape).to(dtype);
 }
 
-// The view of `global` covering `block`.
-Tensor block_of(const Tensor& global, const Block& block) {
-  Tensor t = global;
-  for (int64_t d = 0; d < global.ndim(); ++d) t = t.narrow(d, block.begin[d], block.end[d] - block.begin[d]);
-  return t;
-}
-
-// The calling rank's block of `global` in d's layout.
-Tensor my_block(const Tensor& global, const DTensor& d) {
-  return block_of(global, d.layout().block(d.device_mesh().coordinate()));
-}
-
-// Same dtype, shape and exactly equal values.
-::testing::AssertionResult same(const Tensor& actual, const Tensor& expected) {
-  if (!actual.defined()) return ::testing::AssertionFailure() << "result is undefined";
-  if (actual.dtype() != expected.dtype())
-    return ::testing::AssertionFailure() << "dtype " << name(actual.dtype()) << ", expected " << name(expected.dtype());
-  if (!equal(actual, expected))
-    return ::testing::AssertionFailure() << actual.to_string() << "\n  expected " << expected.to_string();
-  return ::testing::AssertionSuccess();
-}
 
 // A DTensor of `layout` whose full tensor is `global`: each rank holds (a copy of) its block, and
 // along Partial mesh dims (all of one reduce op) the ranks hold pending values that reduce to it

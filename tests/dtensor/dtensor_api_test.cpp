@@ -12,17 +12,13 @@
 #include <tessera/tessera.hpp>
 
 #include "rank_test_util.hpp"
+#include "sharded_inputs.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
 using namespace tessera::testing;
 
 namespace {
-
-template <class F>
-::testing::AssertionResult sharding_error(F&& f, const std::vector<std::string>& parts) {
-  return throws_with<ShardingError>(std::forward<F>(f), parts);
-}
 
 // A 2-d factorisation of n: (n/2, 2) when n is even, else (1, n).
 std::vector<int64_t> grid_2d(int n) { return n % 2 == 0 ? std::vector<int64_t>{n / 2, 2} : std::vector<int64_t>{1, n}; }
@@ -41,27 +37,6 @@ Tensor affine(const Tensor& x, double scale, double shift) {
   return from_vector(v, x.shape());
 }
 
-// The view of `global` covering `block`.
-Tensor block_of(const Tensor& global, const Block& block) {
-  Tensor t = global;
-  for (int64_t d = 0; d < global.ndim(); ++d) t = t.narrow(d, block.begin[d], block.end[d] - block.begin[d]);
-  return t;
-}
-
-// The calling rank's block of `global` in d's layout.
-Tensor my_block(const Tensor& global, const DTensor& d) {
-  return block_of(global, d.layout().block(d.device_mesh().coordinate()));
-}
-
-// Same dtype, shape and exactly equal values.
-::testing::AssertionResult same(const Tensor& actual, const Tensor& expected) {
-  if (!actual.defined()) return ::testing::AssertionFailure() << "result is undefined";
-  if (actual.dtype() != expected.dtype())
-    return ::testing::AssertionFailure() << "dtype " << name(actual.dtype()) << ", expected " << name(expected.dtype());
-  if (!equal(actual, expected))
-    return ::testing::AssertionFailure() << actual.to_string() << "\n  expected " << expected.to_string();
-  return ::testing::AssertionSuccess();
-}
 
 // Sum of v[0..i).
 int64_t prefix(const std::vector<int64_t>& v, int64_t i) {

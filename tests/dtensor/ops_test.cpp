@@ -5,12 +5,14 @@
 
 #include <functional>
 
+#include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/dtensor/dispatch.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/dtensor/redistribute.hpp>
 #include <tessera/ops/ops.hpp>
 
 #include "placement_sweep.hpp"
+#include "sharded_inputs.hpp"
 #include "rank_test_util.hpp"
 #include "test_util.hpp"
 
@@ -18,33 +20,6 @@ using namespace tessera;
 using namespace tessera::testing;
 
 namespace {
-
-// Integer-valued data in [-11, 11] (sums of parts stay exact); `positive` shifts it to [1, 23].
-Tensor data(const Shape& shape, int seed, bool positive = false) {
-  std::vector<float> v(static_cast<size_t>(shape.numel()));
-  for (size_t i = 0; i < v.size(); ++i)
-    v[i] = static_cast<float>(static_cast<int64_t>((i + static_cast<size_t>(seed) * 5) * 7 % 23) - 11 + (positive ? 12 : 0));
-  return from_vector(v, shape);
-}
-
-Tensor block_of(const Tensor& global, const Block& block) {
-  const Block whole{Shape::filled(global.ndim(), 0), global.shape()};
-  return detail::view_of(global, whole, block).clone();
-}
-
-// The DTensor of `global` with `placements`; a P(sum) mesh dim holds parts that sum to the block
-// (rank 0 of the dim: block - k(k-1)/2, rank c: the constant c).
-DTensor make_input(const Tensor& global, const DeviceMesh& mesh, const Placements& placements) {
-  const Layout layout(global.shape(), global.dtype(), mesh.spec(), placements);
-  const auto coordinate = mesh.coordinate();
-  Tensor local = block_of(global, layout.block(coordinate));
-  for (int64_t m = 0; m < mesh.ndim(); ++m) {
-    if (!is_partial(placements[static_cast<size_t>(m)])) continue;
-    const int64_t k = mesh.size(m), c = coordinate[static_cast<size_t>(m)];
-    local = c == 0 ? add(local, Scalar(static_cast<double>(-(k * (k - 1) / 2)))) : full(local.shape(), static_cast<double>(c));
-  }
-  return DTensor(local, mesh, layout);
-}
 
 struct Case {
   std::vector<Shape> shapes;
@@ -334,5 +309,171 @@ TEST(ShardedOps, NarrowSelectCatStackSplitChunk) {
     check_op("chunk", c, [](auto& x) { return chunk(x[0], 3, 0)[1]; }, [](auto& x) { return chunk(x[0], 3, 0)[1]; });
     check_op("split sizes", c, [](auto& x) { return split(x[0], std::vector<int64_t>{1, 4}, 1)[1]; },
              [](auto& x) { return split(x[0], std::vector<int64_t>{1, 4}, 1)[1]; });
+  });
+}
+
+// The reductions built from others, on every placement of the input: a sharded reduced dim is
+// reduced through Partials, never by gathering the input.
+TEST(ShardedOps, CompositeReductions) {
+  for_each_world(kWorlds, [] {
+    for (const auto& shape : {Shape{5, 3}, Shape{4, 6}}) {
+      const Case c{{shape}};
+      check_op("logsumexp", c, [](auto& x) { return logsumexp(x[0] / 4.0, {1}); },
+               [](auto& x) { return logsumexp(x[0] / 4.0, {1}); });
+      check_op("logsumexp all keepdim", c, [](auto& x) { return logsumexp(x[0] / 4.0, {}, true); },
+               [](auto& x) { return logsumexp(x[0] / 4.0, {}, true); });
+      check_op("std", c, [](auto& x) { return tessera::std(x[0], {0}); },
+               [](auto& x) { return tessera::std(x[0], {0}); });
+      for (double ord : {2.0, 1.0, kInf, -kInf, 0.0, 3.0})
+        check_op("vector_norm " + std::to_string(ord), c, [ord](auto& x) { return vector_norm(x[0], ord, {0}); },
+                 [ord](auto& x) { return vector_norm(x[0], ord, {0}); });
+      check_op("all", Case{{shape}, false}, [](auto& x) { return all(gt(x[0], -9.0), {1}); },
+               [](auto& x) { return all(gt(x[0], -9.0), {1}); });
+      check_op("any", Case{{shape}, false}, [](auto& x) { return any(gt(x[0], 9.0)); },
+               [](auto& x) { return any(gt(x[0], 9.0)); });
+      check_op("max values", c, [](auto& x) { return max(x[0], 1).values; }, [](auto& x) { return max(x[0], 1).values; });
+      check_op("max indices", Case{{shape}, false}, [](auto& x) { return max(x[0], 0, true).indices; },
+               [](auto& x) { return max(x[0], 0, true).indices; });
+      check_op("min values", c, [](auto& x) { return min(x[0], 0).values; }, [](auto& x) { return min(x[0], 0).values; });
+    }
+  });
+}
+
+// Scans over every placement, uneven pieces and empty ones included, on both dims.
+TEST(ShardedOps, CumsumAndCumprod) {
+  for_each_world(kWorlds, [] {
+    for (const auto& shape : {Shape{5, 3}, Shape{7, 2}, Shape{2, 1}})
+      for (int64_t dim : {0, 1, -1}) {
+        check_op("cumsum dim " + std::to_string(dim), Case{{shape}}, [dim](auto& x) { return cumsum(x[0], dim); },
+                 [dim](auto& x) { return cumsum(x[0], dim); });
+        // Factors near 1 keep products small and exact enough.
+        check_op("cumprod dim " + std::to_string(dim), Case{{shape}, true, false, 4096, 1e-4},
+                 [dim](auto& x) { return cumprod(x[0] / 40.0 + 1.0, dim); },
+                 [dim](auto& x) { return cumprod(x[0] / 40.0 + 1.0, dim); });
+      }
+    check_op("cumsum i64", Case{{{6, 2}}, false, false, 4096, 0, {arange(12).reshape({6, 2})}},
+             [](auto& x) { return cumsum(x[0], 0); }, [](auto& x) { return cumsum(x[0], 0); });
+  });
+}
+
+TEST(ShardedOps, SortAndTopk) {
+  for_each_world(kWorlds, [] {
+    for (const auto& shape : {Shape{5, 3}, Shape{3, 7}}) {
+      const Case c{{shape}};
+      check_op("sort values", c, [](auto& x) { return sort(x[0], 0).values; }, [](auto& x) { return sort(x[0], 0).values; });
+      check_op("sort indices desc", Case{{shape}, false}, [](auto& x) { return sort(x[0], 1, true).indices; },
+               [](auto& x) { return sort(x[0], 1, true).indices; });
+      for (int64_t k : {1, 2, 3})
+        for (bool largest : {true, false}) {
+          const std::string name = "topk k=" + std::to_string(k) + (largest ? " largest" : " smallest");
+          check_op(name + " values dim 0", c, [=](auto& x) { return topk(x[0], k, 0, largest).values; },
+                   [=](auto& x) { return topk(x[0], k, 0, largest).values; });
+          check_op(name + " indices dim 0", Case{{shape}, false}, [=](auto& x) { return topk(x[0], k, 0, largest).indices; },
+                   [=](auto& x) { return topk(x[0], k, 0, largest).indices; });
+          check_op(name + " indices dim 1", Case{{shape}, false}, [=](auto& x) { return topk(x[0], k, 1, largest).indices; },
+                   [=](auto& x) { return topk(x[0], k, 1, largest).indices; });
+        }
+    }
+  });
+}
+
+// topk over a sharded dim moves k candidates per piece, not the dim; cumsum over it moves one
+// slice of totals per piece.
+TEST(ShardedOps, TopkAndCumsumOverAShardedDimMoveLittle) {
+  for_each_world({4}, [] {
+    const int64_t p = world_size();
+    const DeviceMesh mesh({p}, {"x"});
+    const Tensor global = data({400, 2}, 3);
+    const DTensor x = distribute_tensor(global, mesh, {Shard{0}});
+    CommDebugMode mode;
+    const auto best = topk(x, 3, 0);
+    EXPECT_EQ(mode.count(CollectiveKind::all_gather), 2);  // values and indices
+    // p pieces x 3 candidates x 2 columns, values (f32) and indices (i64), received by each rank.
+    EXPECT_LE(mode.total_bytes_received(), p * 3 * 2 * (4 + 8));
+    EXPECT_TRUE(equal(best.values.full_tensor(), topk(global, 3, 0).values));
+    CommDebugMode scan_mode;
+    const DTensor running = cumsum(x, 0);
+    EXPECT_EQ(scan_mode.total_count(), 1);
+    EXPECT_LE(scan_mode.total_bytes_received(), p * 2 * 8);  // one f64 total per column per piece
+    EXPECT_EQ(running.placements(), (Placements{Shard{0}}));
+    EXPECT_TRUE(allclose(running.full_tensor(), cumsum(global, 0)));
+  });
+}
+
+TEST(ShardedOps, ReductionScanSortErrors) {
+  for_each_world({4}, [] {
+    const DeviceMesh mesh({world_size()}, {"x"});
+    const DTensor x = distribute_tensor(data({5, 3}, 1), mesh, {Shard{0}});
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)topk(x, 6, 0); }, {"[topk]", "k = 6 out of range", "size 5"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)cumsum(x, 2); }, {"[cumsum]", "dim 2 out of range", "[5, 3]"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)sort(x, -3); }, {"[sort]", "dim -3 out of range"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)logsumexp(x, {0, 0}); }, {"[logsumexp]", "more than once"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)max(x, 3); }, {"[max]", "dim 3 out of range"}));
+    EXPECT_TRUE(throws_with<ShardingError>([] { (void)cumsum(DTensor(), 0); }, {"[cumsum]", "undefined"}));
+  });
+}
+
+TEST(ShardedOps, LossesAndProducts) {
+  for_each_world(kWorlds, [] {
+    const Tensor target = from_vector<int64_t>({2, 0, -100, 1, 2});
+    for (Reduction r : {Reduction::mean, Reduction::sum, Reduction::none})
+      check_op("nll_loss", Case{{{5, 3}, {5}}, true, false, 200, 1e-4, {Tensor(), target}},
+               [r](auto& x) { return nll_loss(log_softmax(x[0] / 4.0, 1), x[1], -100, r); },
+               [r](auto& x) { return nll_loss(log_softmax(x[0] / 4.0, 1), x[1], -100, r); });
+    check_op("mse_loss", Case{{{5, 3}, {3}}}, [](auto& x) { return mse_loss(x[0], x[1]); },
+             [](auto& x) { return mse_loss(x[0], x[1]); });
+    check_op("mse_loss none", Case{{{5, 3}, {5, 3}}, true, false, 200}, [](auto& x) { return mse_loss(x[0], x[1], Reduction::none); },
+             [](auto& x) { return mse_loss(x[0], x[1], Reduction::none); });
+    check_op("addmm", Case{{{3}, {5, 4}, {4, 3}}, true, false, 200},
+             [](auto& x) { return addmm(x[0], x[1], x[2], 0.5, 2.0); },
+             [](auto& x) { return addmm(x[0], x[1], x[2], 0.5, 2.0); });
+    check_op("baddbmm", Case{{{2, 5, 3}, {2, 5, 4}, {2, 4, 3}}, false, false, 200},
+             [](auto& x) { return baddbmm(x[0], x[1], x[2]); }, [](auto& x) { return baddbmm(x[0], x[1], x[2]); });
+  });
+}
+
+// einsum's equation is its rule: every placement of the operands, contracted letters sharded
+// included (P(sum) results).
+TEST(ShardedOps, Einsum) {
+  for_each_world(kWorlds, [] {
+    for (const auto& [equation, shapes] : std::vector<std::pair<std::string, std::vector<Shape>>>{
+             {"ij,jk->ik", {{5, 3}, {3, 4}}},
+             {"bij,bjk->bik", {{2, 3, 4}, {2, 4, 5}}},
+             {"ij->j", {{5, 3}}},
+             {"ij,ij->", {{5, 3}, {5, 3}}},
+             {"ij,jk,kl->il", {{3, 4}, {4, 2}, {2, 5}}}})
+      check_op("einsum " + equation, Case{shapes, true, false, 100},
+               [e = equation](auto& x) { return einsum(e, x); }, [e = equation](auto& x) { return einsum(e, x); });
+  });
+}
+
+// Each rank draws its block of the one global mask: the same numbers as the Tensor dropout.
+TEST(ShardedOps, DropoutEqualsTheUnshardedDropoutBitForBit) {
+  for_each_world(kWorlds, [] {
+    for (const auto& mesh_shape : sweep_meshes(world_size())) {
+      const DeviceMesh mesh = sweep_mesh(mesh_shape);
+      for (const Shape& shape : {Shape{5, 3}, Shape{7, 2}}) {
+        const Tensor global = data(shape, 1);
+        manual_seed(7);
+        const Tensor expected = dropout(global, 0.3);
+        for (const Placements& placements : placement_combinations(2, mesh.ndim(), true)) {
+          const DTensor x = make_input(global, mesh, placements);
+          manual_seed(7);
+          const Tensor got = dropout(x, 0.3).full_tensor();
+          bool partial = false;
+          for (const auto& p : placements) partial |= is_partial(p);
+          // A Partial input is reduced before the mask applies: same values up to the sum's rounding.
+          EXPECT_TRUE(partial ? allclose(got, expected, 1e-6, 1e-6) : equal(got, expected))
+              << "dropout on " << mesh.to_string() << " as " << to_string(placements);
+        }
+      }
+    }
+    const DeviceMesh line({world_size()}, {"x"});
+    const DTensor x = distribute_tensor(data({4, 2}, 2), line, {Shard{0}});
+    EXPECT_TRUE(equal(dropout(x, 0.0).full_tensor(), x.full_tensor()));
+    EXPECT_TRUE(equal(dropout(x, 0.5, false).full_tensor(), x.full_tensor()));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)dropout(x, 1.0); }, {"[dropout]", "p = 1", "[0, 1)"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)dropout(distribute_tensor(arange(4), line, {Shard{0}}), 0.5); },
+                                        {"[dropout]", "floating"}));
   });
 }

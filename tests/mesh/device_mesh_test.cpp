@@ -16,11 +16,6 @@ using namespace tessera::testing;
 
 namespace {
 
-template <class F>
-::testing::AssertionResult sharding_error(F&& f, const std::vector<std::string>& parts) {
-  return throws_with<ShardingError>(std::forward<F>(f), parts);
-}
-
 // A 2-d factorisation of n: (n/2, 2) when n is even, else (1, n).
 std::vector<int64_t> grid_2d(int n) { return n % 2 == 0 ? std::vector<int64_t>{n / 2, 2} : std::vector<int64_t>{1, n}; }
 

@@ -10,11 +10,6 @@ using namespace tessera::testing;
 
 namespace {
 
-template <class F>
-::testing::AssertionResult sharding_error(F&& f, const std::vector<std::string>& parts) {
-  return throws_with<ShardingError>(std::forward<F>(f), parts);
-}
-
 MeshSpec mesh_1d(int64_t n) { return MeshSpec(Shape{n}, {"x"}); }
 MeshSpec mesh_2d(int64_t a, int64_t b) { return MeshSpec(Shape{a, b}, {"dp", "tp"}); }
 

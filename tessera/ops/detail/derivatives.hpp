@@ -12,7 +12,9 @@
 #include <tessera/grad/engine.hpp>
 #include <tessera/ops/detail/tensor_grad_ops.hpp>
 #include <tessera/core/tensor.hpp>
+#include <tessera/ops/einsum.hpp>
 #include <tessera/ops/op_table.hpp>
+#include <tessera/ops/shape_ops.hpp>
 
 namespace tessera::derivatives {
 
@@ -229,6 +231,27 @@ void record_var(T& out, const T& x, const std::vector<int64_t>& dims_in, int64_t
   });
 }
 
+/// The reverse running sum of g along dim: sum_{j >= i} g_j (the adjoint of cumsum).
+template <class T>
+T reverse_cumsum(const T& g, int64_t dim) {
+  return add(sub(sum(g, {dim}, true), cumsum(g, dim)), g);
+}
+
+template <class T>
+void record_cumsum(T& out, const T& x, int64_t dim) {
+  if (!needs_grad<T>({&x})) return;
+  record<T>("cumsum", out, {&x}, [dim](const T& g) { return std::vector<T>{reverse_cumsum(g, dim)}; });
+}
+
+/// cumprod: d y_j / d x_i = y_j / x_i for j >= i; exact where x != 0 (as prod's).
+template <class T>
+void record_cumprod(T& out, const T& x, int64_t dim) {
+  if (!needs_grad<T>({&x})) return;
+  record<T>("cumprod", out, {&x}, [x = x.detach(), y = out.detach(), dim](const T& g) {
+    return std::vector<T>{div(reverse_cumsum(mul(g, y), dim), x)};
+  });
+}
+
 // --- linear algebra ---------------------------------------------------------------------------
 
 template <class T>
@@ -257,6 +280,42 @@ void record_linear(T& out, const T& x, const T& w, const std::optional<T>& bias)
     const int64_t out_features = w.shape()[0], in_features = w.shape()[1];
     const T g2 = reshape(g, {-1, out_features}), x2 = reshape(x, {-1, in_features});
     return std::vector<T>{matmul(g, w), matmul(transpose(g2, 0, 1), x2), has_bias ? sum(g2, {0}) : T()};
+  });
+}
+
+/// einsum: the gradient of operand i is the einsum of g with the other operands onto i's
+/// letters, broadcast over the letters only i has (they were summed out).
+template <class T>
+void record_einsum(T& out, const std::vector<T>& operands, const EinsumSpec& spec) {
+  if (!needs_grad(operands)) return;
+  std::vector<const T*> pointers;
+  std::vector<T> saved;
+  for (const T& t : operands) {
+    pointers.push_back(&t);
+    saved.push_back(t.detach());
+  }
+  record<T, T>("einsum", out, pointers, [saved, spec](const T& g) {
+    std::vector<T> grads;
+    for (size_t i = 0; i < saved.size(); ++i) {
+      std::string terms = spec.output, available = spec.output, target;
+      std::vector<T> args{g};
+      for (size_t j = 0; j < saved.size(); ++j) {
+        if (j == i) continue;
+        terms += "," + spec.inputs[j];
+        available += spec.inputs[j];
+        args.push_back(saved[j]);
+      }
+      Shape kept_shape;
+      for (size_t d = 0; d < spec.inputs[i].size(); ++d) {
+        const bool present = available.find(spec.inputs[i][d]) != std::string::npos;
+        if (present) target += spec.inputs[i][d];
+        kept_shape.push_back(present ? saved[i].shape()[static_cast<int64_t>(d)] : 1);
+      }
+      T grad = einsum(terms + "->" + target, args);
+      if (target.size() != spec.inputs[i].size()) grad = expand(reshape(grad, kept_shape), saved[i].shape());
+      grads.push_back(grad);
+    }
+    return grads;
   });
 }
 
@@ -323,6 +382,108 @@ void record_stack(T& out, const std::vector<T>& inputs, int64_t dim) {
     std::vector<T> grads;
     for (int64_t i = 0; i < n; ++i) grads.push_back(select(g, dim, i));
     return grads;
+  });
+}
+
+// --- shape ops ----------------------------------------------------------------------------------
+
+/// flip over normalised `dims`: its own adjoint.
+template <class T>
+void record_flip(T& out, const T& x, const DimVector& dims) {
+  record_unary("flip", out, x, [dims = dims.vec()](const T& g, const T&, const T&) { return flip(g, dims); });
+}
+
+/// roll by per-dim shifts (roll_shifts): the adjoint rolls back.
+template <class T>
+void record_roll(T& out, const T& x, const DimVector& shifts) {
+  record_unary("roll", out, x, [shifts](const T& g, const T&, const T&) {
+    std::vector<int64_t> back, dims;
+    for (int64_t d = 0; d < shifts.size(); ++d) {
+      back.push_back(-shifts[d]);
+      dims.push_back(d);
+    }
+    return roll(g, back, dims);
+  });
+}
+
+/// tril / triu: the same mask on the gradient.
+template <class T>
+void record_triangle(T& out, const T& x, int64_t diagonal, bool lower) {
+  record_unary(lower ? "tril" : "triu", out, x, [diagonal, lower](const T& g, const T&, const T&) {
+    return lower ? tril(g, diagonal) : triu(g, diagonal);
+  });
+}
+
+/// repeat: the gradient of every tile summed, g seen as [r0, s0, r1, s1, ...] summed over the r's.
+template <class T>
+void record_repeat(T& out, const T& x, const std::vector<int64_t>& repeats) {
+  record_unary("repeat", out, x, [shape = x.shape(), repeats](const T& g, const T&, const T&) {
+    const int64_t n = static_cast<int64_t>(repeats.size()), lead = n - shape.size();
+    Shape tiles;
+    std::vector<int64_t> dims;
+    for (int64_t i = 0; i < n; ++i) {
+      tiles.push_back(repeats[static_cast<size_t>(i)]);
+      tiles.push_back(i < lead ? 1 : shape[i - lead]);
+      dims.push_back(2 * i);
+    }
+    if (dims.empty()) return reshape(g, shape);
+    return reshape(sum(reshape(g, tiles), dims), shape);
+  });
+}
+
+/// g zero-padded along one dim of an n-dim tensor (pad's pairs run from the last dim backwards).
+template <class T>
+T pad_dim(const T& g, int64_t dim, int64_t before, int64_t after) {
+  std::vector<int64_t> pads(static_cast<size_t>(2 * (g.ndim() - dim)), 0);
+  pads[pads.size() - 2] = before;
+  pads[pads.size() - 1] = after;
+  return pad(g, pads, PadMode::constant, Scalar(0.0));
+}
+
+/// The adjoint of pad: constant crops what was added (and zero-pads what was cropped); the other
+/// modes, separable over dims, add each padded border back onto the elements it copies.
+template <class T>
+T pad_backward(const T& g, const Shape& shape, const DimVector& before, const DimVector& after, PadMode mode) {
+  const int64_t nd = shape.size();
+  if (mode == PadMode::constant) {
+    std::vector<int64_t> pads;
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      pads.push_back(-before[d]);
+      pads.push_back(-after[d]);
+    }
+    return pad(g, pads, PadMode::constant, Scalar(0.0));
+  }
+  T grad = g;
+  for (int64_t d = 0; d < nd; ++d) {
+    const int64_t b = before[d], a = after[d], n = shape[d];
+    if (b == 0 && a == 0) continue;
+    T folded = narrow(grad, d, b, n);
+    if (b > 0) {
+      const T left = narrow(grad, d, 0, b);
+      switch (mode) {
+        case PadMode::reflect: folded = add(folded, pad_dim(flip(left, {d}), d, 1, n - 1 - b)); break;
+        case PadMode::replicate: folded = add(folded, pad_dim(sum(left, {d}, true), d, 0, n - 1)); break;
+        default: folded = add(folded, pad_dim(left, d, n - b, 0)); break;
+      }
+    }
+    if (a > 0) {
+      const T right = narrow(grad, d, b + n, a);
+      switch (mode) {
+        case PadMode::reflect: folded = add(folded, pad_dim(flip(right, {d}), d, n - 1 - a, 1)); break;
+        case PadMode::replicate: folded = add(folded, pad_dim(sum(right, {d}, true), d, n - 1, 0)); break;
+        default: folded = add(folded, pad_dim(right, d, 0, n - a)); break;
+      }
+    }
+    grad = folded;
+  }
+  return grad;
+}
+
+/// pad with per-dim (before, after) from pad_spec.
+template <class T>
+void record_pad(T& out, const T& x, const DimVector& before, const DimVector& after, PadMode mode) {
+  record_unary("pad", out, x, [shape = x.shape(), before, after, mode](const T& g, const T&, const T&) {
+    return pad_backward(g, shape, before, after, mode);
   });
 }
 

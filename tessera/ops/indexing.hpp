@@ -1,0 +1,23 @@
+#pragma once
+// Indexing along one dim with i64 index tensors (torch semantics). Indices must lie in
+// [0, size of the dim); negative dims count from the end. Throws ValueError naming the op, the
+// shapes and the offending index otherwise. Differentiable in x and src.
+#include <cstdint>
+
+#include <tessera/core/tensor.hpp>
+
+namespace tessera {
+
+/// out[p] = x[p with p[dim] = index[p]]; index has x's ndim and no dim larger than x's except dim.
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+/// x with x[p with p[dim] = index[p]] = src[p] for every p of index (src at least index's shape).
+/// With repeated targets the last write wins.
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+/// As scatter, adding: repeated targets accumulate.
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+/// The slices of x at the 1-d index along dim: out.select(dim, i) = x.select(dim, index[i]).
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+/// x with src.select(dim, i) added into x.select(dim, index[i]) (1-d index; repeats accumulate).
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+
+}  // namespace tessera
