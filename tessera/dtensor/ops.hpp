@@ -79,6 +79,16 @@ DTensor any(const DTensor& x, const std::vector<int64_t>& dims = {}, bool keepdi
 ValuesIndices<DTensor> max(const DTensor& x, int64_t dim, bool keepdim = false);
 ValuesIndices<DTensor> min(const DTensor& x, int64_t dim, bool keepdim = false);
 
+// --- indexing along one dim (semantics as on Tensor, ops/indexing.hpp) ------------------------
+// The indexed dim is gathered where it holds positions; the other dims stay sharded where x,
+// index and src agree in size (sharding/index_rules.cpp). index_add with a sharded index adds
+// each rank's rows into a Partial(sum). On DTensor, src must have index's shape.
+DTensor gather(const DTensor& x, int64_t dim, const DTensor& index);
+DTensor scatter(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src);
+DTensor scatter_add(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src);
+DTensor index_select(const DTensor& x, int64_t dim, const DTensor& index);
+DTensor index_add(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src);
+
 // --- scans and sorting along one dim (semantics as on Tensor, ops/sort_scan.hpp) --------------
 /// A sharded dim is scanned in place: a local scan, then an exclusive scan of the pieces' totals
 /// (one all_gather of one slice per piece over the mesh dim); the result keeps x's sharding.
@@ -117,7 +127,8 @@ DTensor rms_norm(const DTensor& x, const Shape& normalized_shape, const std::opt
                  double eps = 1e-6);
 /// Vocabulary-sharded weight (S(0)): each rank looks up the rows it holds, a Partial(sum) reduced
 /// on demand; weight sharded on the embedding dim (S(1)): output sharded on its last dim.
-DTensor embedding(const DTensor& weight, const DTensor& indices);
+/// padding_idx as on Tensor: row padding_idx gets no gradient (zeroed by the rank holding it).
+DTensor embedding(const DTensor& weight, const DTensor& indices, std::optional<int64_t> padding_idx = std::nullopt);
 /// Class dim sharded (vocabulary parallel): the loss without gathering the logits (max and
 /// sum-exp reduced across the class shards). Semantics as the Tensor cross_entropy.
 DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t ignore_index = -100,

@@ -11,6 +11,32 @@
 
 namespace tessera {
 
+namespace detail {
+
+// Throws ValueError on every rank when any index is outside [0, count) (and not `allowed`). A
+// replicated tensor is checked where it lies; a sharded one with one sum over the mesh, so that
+// every rank throws alike and none is left waiting in a later collective.
+void check_index_range(const DTensor& indices, int64_t count, std::optional<int64_t> allowed, const char* op,
+                       const char* what) {
+  const auto bad_of = [&](const auto& t) {
+    auto bad = logical_or(lt(t, Scalar(0)), ge(t, Scalar(count)));
+    return allowed ? logical_and(bad, ne(t, Scalar(*allowed))) : bad;
+  };
+  int64_t found = 0;
+  if (indices.layout().is_replicated()) {
+    const Tensor local = indices.to_local();
+    found = local.numel() == 0 ? 0 : sum(bad_of(local)).item<int64_t>();
+  } else {
+    found = sum(bad_of(indices)).full_tensor().item<int64_t>();
+  }
+  TESSERA_CHECK(found == 0, ValueError, op, found, " ", what, found == 1 ? " is" : "s are", " out of [0, ", count, ")",
+                allowed ? " and not ignore_index " + std::to_string(*allowed) : std::string());
+}
+
+}  // namespace detail
+
+using detail::check_index_range;
+
 using detail::call_op;
 using detail::Decision;
 using Locals = std::span<const Tensor>;
@@ -107,37 +133,25 @@ std::pair<Tensor, Tensor> local_rows(const Tensor& indices, int64_t begin, int64
   return {shifted, mask};
 }
 
-// Throws ValueError on every rank when any index is outside [0, count) (and not `allowed`). A
-// replicated tensor is checked where it lies; a sharded one with one sum over the mesh, so that
-// every rank throws alike and none is left waiting in a later collective.
-void check_index_range(const DTensor& indices, int64_t count, std::optional<int64_t> allowed, const char* op,
-                       const char* what) {
-  const auto bad_of = [&](const auto& t) {
-    auto bad = logical_or(lt(t, Scalar(0)), ge(t, Scalar(count)));
-    return allowed ? logical_and(bad, ne(t, Scalar(*allowed))) : bad;
-  };
-  int64_t found = 0;
-  if (indices.layout().is_replicated()) {
-    const Tensor local = indices.to_local();
-    found = local.numel() == 0 ? 0 : sum(bad_of(local)).item<int64_t>();
-  } else {
-    found = sum(bad_of(indices)).full_tensor().item<int64_t>();
-  }
-  TESSERA_CHECK(found == 0, ValueError, op, found, " ", what, found == 1 ? " is" : "s are", " out of [0, ", count, ")",
-                allowed ? " and not ignore_index " + std::to_string(*allowed) : std::string());
-}
 
 // Backward of embedding: the gradient rows added into the weight rows they came from, in the
 // weight's sharding (a vocabulary shard adds the rows it holds; sharded indices give P(sum)).
-void record_embedding(DTensor& out, const DTensor& weight, const DTensor& indices) {
+// padding_idx (normalised): the rank whose block holds that row skips it (local row
+// padding_idx - block begin), so its gradient stays zero; no rank gathers the weight.
+void record_embedding(DTensor& out, const DTensor& weight, const DTensor& indices,
+                      std::optional<int64_t> padding_idx) {
   if (!autograd::needs_grad<DTensor>({&weight})) return;
-  autograd::record<DTensor>("embedding", out, {&weight}, [w = weight.detach(), indices](const DTensor& g) {
-    DTensor grad = call_op(OpId::embedding_backward, {&w, &g, &indices}, OpArgs{}, [](Locals l, const Decision& d) {
+  autograd::record<DTensor>("embedding", out, {&weight}, [w = weight.detach(), indices, padding_idx](const DTensor& g) {
+    DTensor grad = call_op(OpId::embedding_backward, {&w, &g, &indices}, OpArgs{}, [&](Locals l, const Decision& d) {
       const Block& rows = d.blocks[0];
       const auto [shifted, mask] = local_rows(l[2], rows.begin[0], rows.end[0]);
       // Indices outside the block were sent to row 0 by local_rows: send them out of range instead.
       const Tensor ids = where(mask, shifted, Scalar(int64_t{-1}));
-      return detail::embedding_backward(l[1], ids, l[0].shape()[0], l[1].dtype()).reshape(d.output_local_shape);
+      const bool holds_pad = padding_idx && *padding_idx >= rows.begin[0] && *padding_idx < rows.end[0];
+      const std::optional<int64_t> local_pad =
+          holds_pad ? std::optional<int64_t>(*padding_idx - rows.begin[0]) : std::nullopt;
+      return detail::embedding_backward(l[1], ids, l[0].shape()[0], l[1].dtype(), local_pad)
+          .reshape(d.output_local_shape);
     });
     return std::vector<DTensor>{grad};
   });
@@ -145,11 +159,12 @@ void record_embedding(DTensor& out, const DTensor& weight, const DTensor& indice
 
 }  // namespace
 
-DTensor embedding(const DTensor& weight, const DTensor& indices) {
+DTensor embedding(const DTensor& weight, const DTensor& indices, std::optional<int64_t> padding_idx) {
   TESSERA_CHECK(weight.ndim() == 2, ValueError, "embedding", "weight of shape ", weight.shape().to_string(),
                 " must be 2-d [num_embeddings, dim]");
   TESSERA_CHECK(is_index_dtype(indices.dtype()), ValueError, "embedding", "indices must be integers (i32, i64, u8), got ",
                 name(indices.dtype()));
+  const std::optional<int64_t> pad = embedding_padding_index(padding_idx, weight.shape());
   const int64_t vocab = weight.shape()[0];
   check_index_range(indices, vocab, std::nullopt, "embedding", "index");
   return detail::recorded(call_op(OpId::embedding, {&weight, &indices}, OpArgs{},
@@ -162,7 +177,7 @@ DTensor embedding(const DTensor& weight, const DTensor& indices) {
                                     const auto [shifted, mask] = local_rows(l[1], rows.begin[0], rows.end[0]);
                                     return where(unsqueeze(mask, -1), embedding(l[0], shifted), Scalar(0));
                                   }),
-                          [&](DTensor& out) { record_embedding(out, weight, indices); });
+                          [&](DTensor& out) { record_embedding(out, weight, indices, pad); });
 }
 
 namespace {

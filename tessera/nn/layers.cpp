@@ -34,12 +34,20 @@ DTensor Linear::forward(const DTensor& x) const {
   return finish_output(y);
 }
 
-Embedding::Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, DType dtype) : Module(mesh) {
-  register_parameter("weight", randn({num_embeddings, dim}, mesh, replicated(mesh), dtype));
+Embedding::Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, DType dtype,
+                     std::optional<int64_t> padding_idx)
+    : Module(mesh), padding_idx_(embedding_padding_index(padding_idx, Shape{num_embeddings, dim})) {
+  DTensor weight = randn({num_embeddings, dim}, mesh, replicated(mesh), dtype);
+  if (padding_idx_) {
+    // Replicated: the local is the whole table (empty on a rank outside the mesh).
+    Tensor local = weight.to_local();
+    if (local.ndim() == 2 && local.size(0) == num_embeddings) local.select(0, *padding_idx_).fill_(Scalar(0.0));
+  }
+  register_parameter("weight", weight);
 }
 
 DTensor Embedding::forward(const DTensor& indices) const {
-  return finish_output(embedding(use("weight"), prepare_input(indices)));
+  return finish_output(embedding(use("weight"), prepare_input(indices), padding_idx_));
 }
 
 LayerNorm::LayerNorm(const DeviceMesh& mesh, int64_t dim, double eps, DType dtype) : Module(mesh), dim_(dim), eps_(eps) {

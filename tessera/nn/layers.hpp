@@ -5,6 +5,7 @@
 // model built after the same seed has the same values on any mesh; parallelize_module and
 // fully_shard then move them.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <tessera/nn/module.hpp>
@@ -24,11 +25,19 @@ class Linear : public Module {
   bool bias_;
 };
 
-/// Rows of a [num, dim] table (normal(0, 1) init) looked up by integer indices.
+/// Rows of a [num, dim] table (normal(0, 1) init) looked up by integer indices. With padding_idx
+/// (negative counts from the end), as torch.nn.Embedding: that row starts at zeros and gets no
+/// gradient. Throws ValueError naming [embedding] when padding_idx is out of [-num, num).
 class Embedding : public Module {
  public:
-  Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, DType dtype = DType::f32);
+  Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, DType dtype = DType::f32,
+            std::optional<int64_t> padding_idx = std::nullopt);
   DTensor forward(const DTensor& indices) const;
+  /// The normalised padding row (in [0, num_embeddings)), if any.
+  std::optional<int64_t> padding_idx() const { return padding_idx_; }
+
+ private:
+  std::optional<int64_t> padding_idx_;
 };
 
 /// Normalisation over the last dim, with a weight (ones) and, for LayerNorm, a bias (zeros).

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include <tessera/ops/detail/tensor_grad_ops.hpp>
+#include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 
 namespace tessera {
@@ -13,18 +13,7 @@ namespace {
 
 void check_index(const char* op, const Tensor& x, const Tensor& index, int64_t d, bool same_ndim) {
   TESSERA_CHECK(x.defined() && index.defined(), ValueError, op, "an input tensor is undefined (default-constructed)");
-  TESSERA_CHECK(!is_floating(index.dtype()) && index.dtype() != DType::b8, ValueError, op, "index must be an integer tensor, got ",
-                name(index.dtype()), " of shape ", index.shape().to_string());
-  if (same_ndim) {
-    TESSERA_CHECK(index.ndim() == x.ndim(), ValueError, op, "index of shape ", index.shape().to_string(),
-                  " must have as many dims as the input of shape ", x.shape().to_string());
-    for (int64_t k = 0; k < x.ndim(); ++k)
-      TESSERA_CHECK(k == d || index.shape()[k] <= x.shape()[k], ValueError, op, "index of shape ",
-                    index.shape().to_string(), " is larger than the input of shape ", x.shape().to_string(),
-                    " outside dim ", d);
-  } else {
-    TESSERA_CHECK(index.ndim() == 1, ValueError, op, "index must be 1-d, got shape ", index.shape().to_string());
-  }
+  check_index_args(op, x.shape(), index.shape(), index.dtype(), d, same_ndim);
 }
 
 std::vector<int64_t> index_values(const char* op, const Tensor& index, int64_t size, int64_t d, const Shape& shape) {
@@ -78,33 +67,21 @@ Tensor scatter_impl(const char* op, const Tensor& x, int64_t dim, const Tensor& 
   return out;
 }
 
-// Derivatives (the index carries none): gather and scatter_add are adjoint; scatter passes g
-// except where it overwrote.
-void record_gather(Tensor& out, const Tensor& x, int64_t d, const Tensor& index) {
-  if (!autograd::needs_grad<Tensor>({&x})) return;
-  autograd::record<Tensor>("gather", out, {&x}, [shape = x.shape(), d, index = index.detach()](const Tensor& g) {
-    return std::vector<Tensor>{scatter_add(zeros(shape, g.dtype()), d, index, g)};
-  });
-}
-
-void record_scatter(Tensor& out, const Tensor& x, int64_t d, const Tensor& index, const Tensor& src, bool add) {
-  if (!autograd::needs_grad<Tensor>({&x, &src})) return;
-  autograd::record<Tensor>(add ? "scatter_add" : "scatter", out, {&x, &src},
-                           [d, index = index.detach(), src_shape = src.shape(), add](const Tensor& g) {
-                             const Tensor gx = add ? g : scatter(g, d, index, zeros(index.shape(), g.dtype()));
-                             Tensor gsrc = gather(g, d, index);
-                             if (!(gsrc.shape() == src_shape)) {  // src larger than index: zeros elsewhere
-                               Tensor padded = zeros(src_shape, g.dtype());
-                               Tensor region = padded;
-                               for (int64_t k = 0; k < gsrc.ndim(); ++k) region = region.narrow(k, 0, gsrc.shape()[k]);
-                               region.copy_(gsrc);
-                               gsrc = padded;
-                             }
-                             return std::vector<Tensor>{gx, gsrc};
-                           });
-}
-
 }  // namespace
+
+void check_index_args(const char* op, const Shape& x, const Shape& index, DType index_dtype, int64_t d, bool same_ndim) {
+  TESSERA_CHECK(!is_floating(index_dtype) && index_dtype != DType::b8, ValueError, op,
+                "index must be an integer tensor, got ", name(index_dtype), " of shape ", index.to_string());
+  if (same_ndim) {
+    TESSERA_CHECK(index.size() == x.size(), ValueError, op, "index of shape ", index.to_string(),
+                  " must have as many dims as the input of shape ", x.to_string());
+    for (int64_t k = 0; k < x.size(); ++k)
+      TESSERA_CHECK(k == d || index[k] <= x[k], ValueError, op, "index of shape ", index.to_string(),
+                    " is larger than the input of shape ", x.to_string(), " outside dim ", d);
+  } else {
+    TESSERA_CHECK(index.size() == 1, ValueError, op, "index must be 1-d, got shape ", index.to_string());
+  }
+}
 
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
   TESSERA_CHECK(x.defined(), ValueError, "gather", "an input tensor is undefined (default-constructed)");
@@ -117,19 +94,19 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index) {
     T* o = out.data<T>();
     for_each_position(index.shape(), d, values, x, out, [&](int64_t, int64_t oa, int64_t ob) { o[ob] = in[oa]; });
   });
-  record_gather(out, x, d, index);
+  derivatives::record_gather(out, x, d, index);
   return out;
 }
 
 Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
   Tensor out = scatter_impl("scatter", x, dim, index, src, false);
-  record_scatter(out, x, normalize_dim(dim, x.ndim(), "scatter", x.shape()), index, src, false);
+  derivatives::record_scatter(out, x, normalize_dim(dim, x.ndim(), "scatter", x.shape()), index, src, false);
   return out;
 }
 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
   Tensor out = scatter_impl("scatter_add", x, dim, index, src, true);
-  record_scatter(out, x, normalize_dim(dim, x.ndim(), "scatter_add", x.shape()), index, src, true);
+  derivatives::record_scatter(out, x, normalize_dim(dim, x.ndim(), "scatter_add", x.shape()), index, src, true);
   return out;
 }
 

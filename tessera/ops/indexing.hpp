@@ -20,4 +20,9 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
 /// x with src.select(dim, i) added into x.select(dim, index[i]) (1-d index; repeats accumulate).
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 
+/// The checks on an index of `index` shape and dtype for dim d of an input of shape x: integer,
+/// same ndim and no larger outside d (gather, scatter), or 1-d (index_select, index_add). Pure;
+/// shared by the Tensor and DTensor ops. Throws ValueError naming op and the shapes.
+void check_index_args(const char* op, const Shape& x, const Shape& index, DType index_dtype, int64_t d, bool same_ndim);
+
 }  // namespace tessera

@@ -255,11 +255,11 @@ void lane_logsumexp(const T* x, const Split& s, std::vector<compute_t<T>>& max_o
   }
 }
 
-void record_embedding(Tensor& out, const Tensor& weight, const Tensor& ids) {
+void record_embedding(Tensor& out, const Tensor& weight, const Tensor& ids, std::optional<int64_t> padding_idx) {
   if (!autograd::needs_grad<Tensor>({&weight})) return;
   autograd::record<Tensor>("embedding", out, {&weight},
-                           [rows = weight.size(0), dtype = weight.dtype(), ids](const Tensor& g) {
-                             return std::vector<Tensor>{detail::embedding_backward(g, ids, rows, dtype)};
+                           [rows = weight.size(0), dtype = weight.dtype(), ids, padding_idx](const Tensor& g) {
+                             return std::vector<Tensor>{detail::embedding_backward(g, ids, rows, dtype, padding_idx)};
                            });
 }
 
@@ -284,7 +284,16 @@ void record_cross_entropy(Tensor& out, const Tensor& logits, const Tensor& targe
 
 }  // namespace
 
-Tensor detail::embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, DType dtype) {
+std::optional<int64_t> embedding_padding_index(std::optional<int64_t> padding_idx, const Shape& weight_shape) {
+  if (!padding_idx) return std::nullopt;
+  const int64_t num = weight_shape.size() >= 1 ? weight_shape[0] : 0, p = *padding_idx;
+  TESSERA_CHECK(p >= -num && p < num, ValueError, "embedding", "padding_idx ", p, " out of range for weight shape ",
+                weight_shape.to_string(), "; expected padding_idx in [", -num, ", ", num, ")");
+  return p < 0 ? p + num : p;
+}
+
+Tensor detail::embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, DType dtype,
+                                  std::optional<int64_t> skip_row) {
   const int64_t dim = grad.ndim() == 0 ? 1 : grad.shape()[grad.ndim() - 1], count = indices.numel();
   Tensor acc = zeros({rows, dim}, DType::f64);
   const Tensor src_rows = grad.to(DType::f64).reshape({count, dim}).contiguous();
@@ -293,7 +302,7 @@ Tensor detail::embedding_backward(const Tensor& grad, const Tensor& indices, int
   double* dst = acc.data<double>();
   const double* src = count > 0 ? src_rows.data<double>() : nullptr;
   for (int64_t k = 0; k < count; ++k) {
-    if (id[k] < 0 || id[k] >= rows) continue;
+    if (id[k] < 0 || id[k] >= rows || (skip_row && id[k] == *skip_row)) continue;
     for (int64_t j = 0; j < dim; ++j) dst[id[k] * dim + j] += src[k * dim + j];
   }
   return acc.to(dtype);
@@ -351,7 +360,7 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const std::optio
   return result;
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx) {
   constexpr const char* op = "embedding";
   check_defined(weight, op, "weight");
   check_defined(indices, op, "indices");
@@ -359,6 +368,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
                 " is not 2-d; expected [num_embeddings, embedding_dim]");
   TESSERA_CHECK(is_integral(indices.dtype()), ValueError, op, "indices of shape ", indices.shape().to_string(),
                 " have dtype ", name(indices.dtype()), "; expected an integer dtype (i32, i64 or u8)");
+  const std::optional<int64_t> pad = embedding_padding_index(padding_idx, weight.shape());
   const int64_t rows = weight.size(0), dim = weight.size(1);
   const Tensor idx = indices.to(DType::i64).contiguous();
   const int64_t count = idx.numel();
@@ -370,7 +380,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Shape out_shape = indices.shape();
   out_shape.push_back(dim);
   Tensor out = empty(out_shape, weight.dtype());
-  record_embedding(out, weight, idx);
+  record_embedding(out, weight, idx, pad);
   if (out.numel() == 0) return out;
   // A gather of whole rows: bytes are all that move, so no dtype dispatch is needed.
   const int64_t item = weight.itemsize();

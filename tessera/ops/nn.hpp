@@ -27,7 +27,14 @@ Tensor rms_norm(const Tensor& x, const Shape& normalized_shape, const std::optio
 /// Rows of weight [num_embeddings, dim] picked by integer indices of any shape: result
 /// indices.shape + [dim], of weight's dtype (any dtype). Throws ValueError if weight is not 2-d,
 /// for non-integer indices (i32, i64, u8 accepted) or for an index out of [0, num_embeddings).
-Tensor embedding(const Tensor& weight, const Tensor& indices);
+/// padding_idx (as torch.nn.functional.embedding): the forward is unchanged, but row padding_idx
+/// gets no gradient (indices equal to it contribute nothing). Negative counts from the end;
+/// throws ValueError (see embedding_padding_index) when it is out of [-num_embeddings, num_embeddings).
+Tensor embedding(const Tensor& weight, const Tensor& indices, std::optional<int64_t> padding_idx = std::nullopt);
+/// padding_idx of embedding normalised to [0, num_embeddings) for a 2-d weight of weight_shape:
+/// Throws ValueError naming [embedding], the value and the shape when it is out of
+/// [-num_embeddings, num_embeddings). Pure; shared by the Tensor and DTensor embedding and nn::Embedding.
+std::optional<int64_t> embedding_padding_index(std::optional<int64_t> padding_idx, const Shape& weight_shape);
 
 
 /// Cross entropy of logits [N, C] (or [C], or [N, C, d1, ...]) with integer class targets
@@ -53,8 +60,10 @@ int64_t class_dim_of(const Shape& logits, DType logits_dtype, const Shape& targe
 
 namespace detail {
 /// The gradient of embedding: [rows, dim] zeros with each row of grad ([..., dim]) added into row
-/// indices[...] (int64, same leading shape); indices outside [0, rows) are skipped. Accumulates in f64.
-Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, DType dtype);
+/// indices[...] (int64, same leading shape); indices outside [0, rows) are skipped, and so are
+/// indices equal to skip_row when given (the padding row stays zero). Accumulates in f64.
+Tensor embedding_backward(const Tensor& grad, const Tensor& indices, int64_t rows, DType dtype,
+                          std::optional<int64_t> skip_row = std::nullopt);
 }  // namespace detail
 
 }  // namespace tessera

@@ -79,9 +79,12 @@
 // Shape ops that copy (sharding/shape_rules.cpp).
 #define TESSERA_SHAPE_OPS(X) X(flip) X(roll) X(tril) X(triu) X(repeat) X(pad)
 
+// Indexing along one dim with index tensors (sharding/index_rules.cpp).
+#define TESSERA_INDEX_OPS(X) X(gather) X(scatter) X(scatter_add) X(index_select) X(index_add)
+
 #define TESSERA_STRUCTURED_OPS(X)                                                              \
   TESSERA_SELECTION_OPS(X) TESSERA_REDUCTION_OPS(X) TESSERA_LINALG_OPS(X) TESSERA_NN_OPS(X)    \
-  TESSERA_VIEW_OPS(X) TESSERA_SHAPE_OPS(X)
+  TESSERA_VIEW_OPS(X) TESSERA_SHAPE_OPS(X) TESSERA_INDEX_OPS(X)
 
 namespace tessera {
 

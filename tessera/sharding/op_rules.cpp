@@ -489,6 +489,7 @@ void register_builtin_rules(RuleRegistry& registry) {
   registry.set(OpId::cat, joining(false));
   registry.set(OpId::stack, joining(true));
   register_shape_rules(registry);
+  register_index_rules(registry);
 
   for (int i = 0; i < kBuiltinOpCount; ++i)
     TESSERA_ASSERT(registry.rule(i) != nullptr, "op table row '", op_name(static_cast<OpId>(i)), "' has no sharding rule");

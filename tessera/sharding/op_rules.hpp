@@ -79,6 +79,9 @@ FactorRule matmul_factor_rule(const Shape& a, const Shape& b, std::string_view o
 /// The rules of the TESSERA_SHAPE_OPS family (sharding/shape_rules.cpp).
 void register_shape_rules(RuleRegistry& registry);
 
+/// The rules of the TESSERA_INDEX_OPS family (sharding/index_rules.cpp).
+void register_index_rules(RuleRegistry& registry);
+
 /// Adds the rule of every op of the op table to `registry`. Throws InternalError if an OpId is
 /// left without one.
 void register_builtin_rules(RuleRegistry& registry);

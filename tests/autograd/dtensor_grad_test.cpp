@@ -226,6 +226,16 @@ TEST(DTensorGrad, CompositeReductionsScansAndSorting) {
     check_grads(
         "einsum summed letter", {{a, values({4}, 34)}}, [](auto& x) { return einsum("ij,k->ik", x); },
         [](auto& x) { return einsum("ij,k->ik", x); });
+    const Tensor index = from_vector<int64_t>({2, 0, 1, 1, 0, 2, 2, 2, 0, 1, 0, 0, 1, 2, 0}, {5, 3});
+    const Tensor rows = from_vector<int64_t>({4, 0, 4});
+    check_grads(
+        "gather scatter_add", {{a, index, values({5, 3}, 36)}},
+        [](auto& x) { return gather(x[0], 1, x[1]) + scatter_add(x[0], 1, x[1], x[2]); },
+        [](auto& x) { return gather(x[0], 1, x[1]) + scatter_add(x[0], 1, x[1], x[2]); });
+    check_grads(
+        "index_select index_add", {{a, rows, values({3, 3}, 37)}},
+        [](auto& x) { return index_add(x[0], 0, x[1], x[2]) * 2.0 + sum(index_select(x[0], 0, x[1])); },
+        [](auto& x) { return index_add(x[0], 0, x[1], x[2]) * 2.0 + sum(index_select(x[0], 0, x[1])); });
     check_grads(
         "dropout", {{a}}, [](auto& x) { manual_seed(3); return dropout(x[0], 0.4); },
         [](auto& x) { manual_seed(3); return dropout(x[0], 0.4); });
@@ -497,5 +507,58 @@ TEST(DTensorGrad, ShapeOpsThatCopy) {
       check_grads(
           std::string("pad ") + to_string(mode), {{x}}, [mode](auto& t) { return pad(t[0], {2, 1, 1, 3}, mode); },
           [mode](auto& t) { return pad(t[0], {2, 1, 1, 3}, mode); });
+  });
+}
+
+TEST(DTensorGrad, EmbeddingPaddingIdx) {
+  for_each_world(kWorlds, [] {
+    // Over the sweep (the weight R, S(0) vocabulary-sharded, S(1), P): the gradient with padding_idx
+    // equals the Tensor gradient, whose padding row is zero. Rows 0, 4 and 6 sit on different shards.
+    const Tensor ids = from_vector(std::vector<int64_t>{2, 0, 6, 4, 1, 2, 6}, Shape{7});
+    for (int64_t pad : {int64_t{0}, int64_t{4}, int64_t{-1}, int64_t{-5}})
+      check_grads(
+          "embedding padding_idx " + std::to_string(pad), {{values({7, 3}, 25), ids}},
+          [pad](auto& x) { return embedding(x[0], x[1], pad); }, [pad](auto& x) { return embedding(x[0], x[1], pad); });
+
+    // Vocabulary-sharded: the weight is never gathered, and the rank holding the padding row zeroes it.
+    const DeviceMesh mesh({world_size()}, {"x"});
+    const Tensor w = values({9, 3}, 26);
+    const Tensor idx = from_vector(std::vector<int64_t>{8, 3, 3, 0, 8, 5}, Shape{2, 3});
+    const Tensor up = weights_like({2, 3, 3});
+    Tensor expected_w = w.clone().requires_grad_();
+    sum(mul(embedding(expected_w, idx, 8), up)).backward();
+    EXPECT_TRUE(allclose(expected_w.grad().select(0, 8), zeros({3}, DType::f64)));
+    for (const Placements& ip : {Placements{Replicate{}}, Placements{Shard{0}}}) {
+      DTensor weight = distribute_tensor(w, mesh, {Shard{0}});
+      weight.requires_grad_();
+      const DTensor out = embedding(weight, distribute_tensor(idx, mesh, ip), -1);
+      EXPECT_TRUE(allclose(out.full_tensor(), embedding(w, idx)));
+      const DTensor loss = sum(mul(out, distribute_tensor(up, mesh, {Replicate{}})));
+      CommDebugMode mode;
+      loss.backward();
+      if (ip == Placements{Replicate{}}) {  // sharded indices leave the choice of plan to the planner
+        EXPECT_EQ(mode.count(CollectiveKind::all_gather) + mode.count(CollectiveKind::all_gather_v), 0);
+        EXPECT_EQ(weight.grad().placements(), (Placements{Shard{0}}));
+      }
+      EXPECT_TRUE(allclose(weight.grad().full_tensor(), expected_w.grad(), 1e-9, 1e-9)) << to_string(ip);
+    }
+
+    // Out of range: the Tensor text, on every rank.
+    const auto message = [](const auto& f) {
+      try {
+        f();
+      } catch (const ValueError& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    const DTensor dw = distribute_tensor(w, mesh, {Shard{0}}), di = distribute_tensor(idx, mesh, {Replicate{}});
+    for (int64_t bad : {int64_t{9}, int64_t{-10}}) {
+      const std::string local = message([&] { (void)embedding(w, idx, bad); });
+      EXPECT_NE(local.find("[embedding]"), std::string::npos) << local;
+      EXPECT_NE(local.find("padding_idx " + std::to_string(bad)), std::string::npos) << local;
+      EXPECT_NE(local.find("[9, 3]"), std::string::npos) << local;
+      EXPECT_EQ(message([&] { (void)embedding(dw, di, bad); }), local);
+    }
   });
 }

@@ -303,3 +303,20 @@ TEST(TensorGrad, ShapeOpsThatCopy) {
   for (PadMode mode : {PadMode::reflect, PadMode::replicate, PadMode::circular})
     EXPECT_GRADCHECK([mode](Inputs t) { return pad(t[0], {2, 3, 1, 2}, mode); }, x);
 }
+
+TEST(TensorGrad, EmbeddingPaddingIdx) {
+  // Row padding_idx gets no gradient; the other rows get what plain embedding (gradchecked above)
+  // gives them. The forward is unchanged.
+  const Tensor ids = from_vector(std::vector<int64_t>{2, 0, 2, 4, 1, 2}, Shape{2, 3});
+  const Tensor w = values({5, 3}, 29), up = values({2, 3, 3}, 30);
+  for (const auto& [pad, row] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {-1, 4}, {-5, 0}, {3, 3}}) {
+    Tensor plain = w.clone().requires_grad_(), padded = w.clone().requires_grad_();
+    sum(mul(embedding(plain, ids), up)).backward();
+    const Tensor out = embedding(padded, ids, pad);
+    EXPECT_TRUE(equal(out.detach(), embedding(w, ids)));
+    sum(mul(out, up)).backward();
+    const Tensor keep = ne(arange(5), Scalar(row)).to(DType::f64).reshape({5, 1});
+    EXPECT_TRUE(allclose(padded.grad(), mul(plain.grad(), keep))) << "padding_idx " << pad;
+    EXPECT_TRUE(allclose(padded.grad().select(0, row), zeros({3}, DType::f64))) << "padding_idx " << pad;
+  }
+}

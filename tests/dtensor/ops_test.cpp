@@ -477,3 +477,61 @@ TEST(ShardedOps, DropoutEqualsTheUnshardedDropoutBitForBit) {
                                         {"[dropout]", "floating"}));
   });
 }
+
+// Indexing on every placement of x, index and src (index as given integer data).
+TEST(ShardedOps, IndexingOps) {
+  for_each_world(kWorlds, [] {
+    const Tensor index = from_vector<int64_t>({2, 0, 1, 1, 0, 2, 2, 2, 0, 1}, {5, 2});  // into dim 1 of [5, 3]
+    const Tensor rows = from_vector<int64_t>({4, 0, 4, 2});                                // into dim 0 of [5, 3]
+    check_op("gather", Case{{{5, 3}, {5, 2}}, true, false, 300, 1e-4, {Tensor(), index}},
+             [](auto& x) { return gather(x[0], 1, x[1]); }, [](auto& x) { return gather(x[0], 1, x[1]); });
+    const Tensor same_shape = from_vector<int64_t>({2, 0, 1, 1, 0, 2, 2, 2, 0, 1, 0, 0, 1, 2, 0}, {5, 3});
+    check_op("gather same shape", Case{{{5, 3}, {5, 3}}, true, false, 300, 1e-4, {Tensor(), same_shape}},
+             [](auto& x) { return gather(x[0], 1, x[1]); }, [](auto& x) { return gather(x[0], 1, x[1]); });
+    check_op("scatter_add", Case{{{5, 3}, {5, 3}, {5, 3}}, true, false, 300, 1e-4, {Tensor(), same_shape}},
+             [](auto& x) { return scatter_add(x[0], 1, x[1], x[2]); },
+             [](auto& x) { return scatter_add(x[0], 1, x[1], x[2]); });
+    const Tensor distinct = from_vector<int64_t>({2, 0, 1, 1, 0, 2, 2, 1, 0, 0, 1, 2, 1, 2, 0}, {5, 3});
+    check_op("scatter", Case{{{5, 3}, {5, 3}, {5, 3}}, true, false, 300, 1e-4, {Tensor(), distinct}},
+             [](auto& x) { return scatter(x[0], 1, x[1], x[2]); }, [](auto& x) { return scatter(x[0], 1, x[1], x[2]); });
+    check_op("index_select", Case{{{5, 3}, {4}}, true, false, 300, 1e-4, {Tensor(), rows}},
+             [](auto& x) { return index_select(x[0], 0, x[1]); }, [](auto& x) { return index_select(x[0], 0, x[1]); });
+    check_op("index_add", Case{{{5, 3}, {4}, {4, 3}}, true, false, 300, 1e-4, {Tensor(), rows}},
+             [](auto& x) { return index_add(x[0], 0, x[1], x[2]); }, [](auto& x) { return index_add(x[0], 0, x[1], x[2]); });
+  });
+}
+
+// Rows sharded alike in x and index: gather along the other dim moves no data (one scalar moves:
+// the collective index-range check, so that a bad index throws on every rank); a sharded index
+// of index_add gives a Partial(sum) (each rank adds the rows it holds).
+TEST(ShardedOps, IndexingKeepsShardsThatLineUp) {
+  for_each_world({4}, [] {
+    const DeviceMesh mesh({world_size()}, {"x"});
+    const DTensor x = distribute_tensor(data({8, 3}, 1), mesh, {Shard{0}});
+    const DTensor index = distribute_tensor(zeros({8, 2}, DType::i64), mesh, {Shard{0}});
+    CommDebugMode mode;
+    const DTensor picked = gather(x, 1, index);
+    EXPECT_EQ(mode.total_count(), 1);
+    EXPECT_LE(mode.total_bytes_received(), 8 * world_size());
+    EXPECT_EQ(picked.placements(), (Placements{Shard{0}}));
+    const DTensor rows = distribute_tensor(from_vector<int64_t>({1, 1, 0, 2, 2, 0, 1, 3}), mesh, {Shard{0}});
+    const DTensor src = distribute_tensor(data({8, 3}, 2), mesh, {Shard{0}});
+    const DTensor added = index_add(distribute_tensor(data({4, 3}, 3), mesh, {Replicate{}}), 0, rows, src);
+    EXPECT_EQ(added.placements(), (Placements{Partial{}}));
+    EXPECT_TRUE(allclose(added.full_tensor(), index_add(data({4, 3}, 3), 0, rows.full_tensor(), src.full_tensor())));
+  });
+}
+
+TEST(ShardedOps, IndexingErrorsMatchTheTensorOps) {
+  for_each_world({4}, [] {
+    const DeviceMesh mesh({world_size()}, {"x"});
+    const DTensor x = distribute_tensor(data({5, 3}, 1), mesh, {Shard{0}});
+    const DTensor bad = distribute_tensor(from_vector<int64_t>({0, 3, 1, 0, 0}, {5, 1}), mesh, {Shard{0}});
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)gather(x, 1, bad); }, {"[gather]", "index", "out of [0, 3)"}));
+    const DTensor flat = distribute_tensor(from_vector<int64_t>({0, 1}), mesh, {Replicate{}});
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)gather(x, 1, flat); }, {"[gather]", "as many dims"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)index_select(x, 2, flat); }, {"[index_select]", "dim 2 out of range"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)index_select(x, 0, x); }, {"[index_select]", "integer tensor"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { (void)index_add(x, 0, flat, x); }, {"[index_add]", "expected [2, 3]"}));
+  });
+}

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include <tessera/core/tensor.hpp>
+#include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/nn.hpp>
+#include <tessera/ops/reduce.hpp>
 
 #include <test_util.hpp>
 
@@ -435,6 +437,49 @@ TEST(Embedding, RejectsNonIntegerIndices) {
 TEST(Embedding, RejectsWeightNot2d) {
   EXPECT_TRUE(value_error([] { embedding(zeros({4}), zeros({2}, DType::i64)); }, {"[embedding]", "weight shape [4]"}));
   EXPECT_TRUE(value_error([] { embedding(zeros({2, 3, 4}), zeros({2}, DType::i64)); }, {"[embedding]", "[2, 3, 4]"}));
+}
+
+TEST(Embedding, PaddingIdxLeavesTheForwardUnchanged) {
+  const Tensor weight = tensor_of({0, 1, 10, 11, 20, 21, 30, 31}, {4, 2}, DType::f32);
+  const Tensor ids = from_vector<int64_t>({3, 0, 3, 1, 2, 2}, {2, 3});
+  for (int64_t pad : {0, 2, 3, -1, -4}) EXPECT_TRUE(equal(embedding(weight, ids, pad), embedding(weight, ids))) << pad;
+}
+
+TEST(Embedding, PaddingIdxRowGetsNoGradient) {
+  const Tensor ids = from_vector<int64_t>({3, 0, 3, 1, 2, 2}, {2, 3});
+  const Tensor up = tensor_of(sample(12, 2.0, 7), {2, 3, 2}, DType::f64);
+  // (padding_idx, the row it names): negative counts from the end.
+  for (const auto& [pad, row] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {0, 0}, {-1, 3}, {-4, 0}}) {
+    Tensor plain = tensor_of(sample(8, 3.0, 5), {4, 2}, DType::f64).requires_grad_();
+    Tensor padded = tensor_of(sample(8, 3.0, 5), {4, 2}, DType::f64).requires_grad_();
+    sum(mul(embedding(plain, ids), up)).backward();
+    sum(mul(embedding(padded, ids, pad), up)).backward();
+    const auto g = plain.grad().to_vector<double>(), gp = padded.grad().to_vector<double>();
+    for (int64_t r = 0; r < 4; ++r)
+      for (int64_t j = 0; j < 2; ++j) {
+        const auto k = static_cast<size_t>(r * 2 + j);
+        EXPECT_EQ(gp[k], r == row ? 0.0 : g[k]) << "padding_idx " << pad << " row " << r;
+      }
+    EXPECT_NE(g[static_cast<size_t>(row * 2)], 0.0);  // the padding row is looked up
+  }
+  // A padding row no index names changes nothing; the gradient keeps the weight's dtype.
+  Tensor w = zeros({5, 2}, DType::f32).requires_grad_();
+  sum(embedding(w, ids, 4)).backward();
+  EXPECT_EQ(w.grad().dtype(), DType::f32);
+  EXPECT_EQ(w.grad().to_vector<double>(), (std::vector<double>{1, 1, 1, 1, 2, 2, 2, 2, 0, 0}));
+}
+
+TEST(Embedding, RejectsPaddingIdxOutOfRange) {
+  EXPECT_TRUE(value_error([] { embedding(zeros({4, 3}), from_vector<int64_t>({1}), 4); },
+                          {"[embedding]", "padding_idx 4", "[4, 3]", "[-4, 4)"}));
+  EXPECT_TRUE(value_error([] { embedding(zeros({4, 3}), from_vector<int64_t>({1}), -5); },
+                          {"[embedding]", "padding_idx -5", "[4, 3]"}));
+  EXPECT_TRUE(value_error([] { embedding(zeros({0, 3}), zeros({0}, DType::i64), 0); },
+                          {"[embedding]", "padding_idx 0", "[0, 3]"}));
+  // The pure check behind both Tensor and DTensor embedding.
+  EXPECT_EQ(embedding_padding_index(std::nullopt, Shape{4, 3}), std::nullopt);
+  EXPECT_EQ(embedding_padding_index(-1, Shape{4, 3}), std::optional<int64_t>(3));
+  EXPECT_EQ(embedding_padding_index(2, Shape{4, 3}), std::optional<int64_t>(2));
 }
 
 // ---- cross_entropy -------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 #pragma once
 // Helpers of the DTensor op files: op ids, dispatch of a callable kernel, mixed operands.
 #include <initializer_list>
+#include <optional>
 #include <span>
 
 #include <tessera/dtensor/dispatch.hpp>
@@ -29,5 +30,12 @@ DTensor recorded(DTensor out, Record&& record) {
 /// A 0-d Tensor beside a DTensor, as a replicated DTensor on its mesh. Throws ShardingError
 /// naming `op` for any other plain Tensor.
 DTensor replicated_operand(const Tensor& t, const DTensor& like, const char* op);
+
+/// Throws ValueError on every rank when any index is outside [0, count) (and not `allowed`),
+/// naming `op` and `what`. A replicated tensor is checked where it lies; a sharded one with one
+/// sum over the mesh, so that every rank throws alike and none is left waiting in a later
+/// collective.
+void check_index_range(const DTensor& indices, int64_t count, std::optional<int64_t> allowed, const char* op,
+                       const char* what);
 
 }  // namespace tessera::detail

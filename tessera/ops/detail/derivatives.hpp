@@ -13,6 +13,8 @@
 #include <tessera/ops/detail/tensor_grad_ops.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/einsum.hpp>
+#include <tessera/ops/indexing.hpp>
+#include <tessera/ops/shape_ops.hpp>
 #include <tessera/ops/op_table.hpp>
 #include <tessera/ops/shape_ops.hpp>
 
@@ -249,6 +251,51 @@ void record_cumprod(T& out, const T& x, int64_t dim) {
   if (!needs_grad<T>({&x})) return;
   record<T>("cumprod", out, {&x}, [x = x.detach(), y = out.detach(), dim](const T& g) {
     return std::vector<T>{div(reverse_cumsum(mul(g, y), dim), x)};
+  });
+}
+
+// --- indexing (index tensors carry no gradient) ----------------------------------------------
+
+/// gather and scatter_add are adjoint; index_select and index_add too.
+template <class T>
+void record_gather(T& out, const T& x, int64_t dim, const T& index) {
+  if (!needs_grad<T>({&x})) return;
+  record<T>("gather", out, {&x}, [x = x.detach(), dim, index = index.detach()](const T& g) {
+    return std::vector<T>{scatter_add(zeros_like(x).to(g.dtype()), dim, index, g)};
+  });
+}
+
+/// scatter passes g except where it overwrote x; scatter_add passes all of it. src's gradient is g
+/// gathered at the index, zero-padded where src is larger than index.
+template <class T>
+void record_scatter(T& out, const T& x, int64_t dim, const T& index, const T& src, bool adding) {
+  if (!needs_grad<T>({&x, &src})) return;
+  record<T>(adding ? "scatter_add" : "scatter", out, {&x, &index, &src},
+            [dim, index = index.detach(), src_shape = src.shape(), adding](const T& g) {
+              const T gx = adding ? g : scatter(g, dim, index, zeros_like(gather(g, dim, index)));
+              T gsrc = gather(g, dim, index);
+              if (gsrc.shape() != src_shape) {
+                std::vector<int64_t> pads;
+                for (int64_t k = src_shape.size() - 1; k >= 0; --k) pads.insert(pads.end(), {0, src_shape[k] - gsrc.shape()[k]});
+                gsrc = pad(gsrc, pads);
+              }
+              return std::vector<T>{gx, T(), gsrc};
+            });
+}
+
+template <class T>
+void record_index_select(T& out, const T& x, int64_t dim, const T& index) {
+  if (!needs_grad<T>({&x})) return;
+  record<T>("index_select", out, {&x}, [x = x.detach(), dim, index = index.detach()](const T& g) {
+    return std::vector<T>{index_add(zeros_like(x).to(g.dtype()), dim, index, g)};
+  });
+}
+
+template <class T>
+void record_index_add(T& out, const T& x, int64_t dim, const T& index, const T& src) {
+  if (!needs_grad<T>({&x, &src})) return;
+  record<T>("index_add", out, {&x, &index, &src}, [dim, index = index.detach()](const T& g) {
+    return std::vector<T>{g, T(), index_select(g, dim, index)};
   });
 }
 
