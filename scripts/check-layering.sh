@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Layering (DESIGN.md §1), checked two ways:
 #  1. includes: a header or source of a layer includes only its own layer and the layers above it;
-#     the sharding layer is pure (no comm, runtime, dtensor or DeviceMesh);
+#     the sharding layer is pure (no comm, runtime, dtensor or DeviceMesh); no public header
+#     includes a detail/ header;
 #  2. definitions: a layer's object files use no symbol that only a later layer defines (a
 #     declaration in core defined in ops passes the include check but not this one).
 # Usage: scripts/check-layering.sh              includes only
@@ -24,6 +25,14 @@ for i in "${!order[@]}"; do
 done
 if hits=$(grep -rnE '#include *[<"]tessera/(comm|runtime|dtensor|autograd|nn)/|#include *[<"]tessera/mesh/device_mesh' tessera/sharding); then
   echo "tessera/sharding must stay pure (DESIGN.md §1):" >&2
+  echo "$hits" >&2
+  status=1
+fi
+
+# Installed headers are the public ones: none may include an internal detail/ header (detail/
+# folders are not installed; make consumer would fail to compile).
+if hits=$(grep -rnE '#include *[<"]tessera/([a-z_]+/)+detail/' tessera --include='*.hpp' | grep -v '/detail/[^:]*:'); then
+  echo "public headers include detail/ headers (not installed):" >&2
   echo "$hits" >&2
   status=1
 fi

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include <tessera/grad/engine.hpp>
-#include <tessera/ops/detail/tensor_grad_ops.hpp>
+#include <tessera/ops/tensor_grad_ops.hpp>
 #include <tessera/core/tensor.hpp>
 
 namespace tessera::autograd {

@@ -6,7 +6,7 @@
 #include <unordered_map>
 
 #include <tessera/core/error.hpp>
-#include <tessera/ops/detail/tensor_grad_ops.hpp>
+#include <tessera/ops/tensor_grad_ops.hpp>
 #include <tessera/dtensor/detail/mesh_io.hpp>
 #include <tessera/dtensor/redistribute.hpp>
 #include <tessera/runtime/runtime.hpp>

@@ -15,7 +15,7 @@
 #include <tessera/ops/nn.hpp>
 #include <tessera/ops/op_table.hpp>
 #include <tessera/ops/shape_ops.hpp>
-#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/values_indices.hpp>
 
 namespace tessera {
 

@@ -1,5 +1,6 @@
 // matmul/bmm/linear and the nn ops on DTensor.
 #include <tessera/core/error.hpp>
+#include <tessera/ops/detail/composites.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/detail/derivatives.hpp>

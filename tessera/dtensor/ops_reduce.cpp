@@ -4,6 +4,7 @@
 #include <limits>
 
 #include <tessera/core/error.hpp>
+#include <tessera/ops/detail/composites.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/detail/derivatives.hpp>

@@ -10,4 +10,4 @@
 #include <tessera/ops/shape_ops.hpp>
 #include <tessera/ops/sort_scan.hpp>
 // The engine on Tensor: autograd::record<Tensor> for custom differentiable functions.
-#include <tessera/ops/detail/tensor_grad_ops.hpp>
+#include <tessera/ops/tensor_grad_ops.hpp>

@@ -38,7 +38,7 @@
 // per element; the per-element transform is a lambda inlined into the loop.
 #include <tessera/ops/random.hpp>
 
-#include <tessera/ops/detail/tensor_grad_ops.hpp>
+#include <tessera/ops/tensor_grad_ops.hpp>
 
 #include <cmath>
 #include <limits>

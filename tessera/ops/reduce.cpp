@@ -3,6 +3,7 @@
 // with the input by strided_loop. A run along a reduced dim folds into one accumulator; a run
 // along a kept dim updates a row of accumulators; both inner loops vectorise.
 #include <tessera/ops/reduce.hpp>
+#include <tessera/ops/detail/composites.hpp>
 
 #include <cmath>
 #include <limits>

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include <tessera/core/tensor.hpp>
-#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/values_indices.hpp>
 
 namespace tessera {
 

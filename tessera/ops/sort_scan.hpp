@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include <tessera/core/tensor.hpp>
-#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/values_indices.hpp>
 
 namespace tessera {
 

@@ -12,15 +12,9 @@
 #include <tessera/core/scalar.hpp>
 #include <tessera/core/shape.hpp>
 #include <tessera/ops/reduction.hpp>
+#include <tessera/ops/values_indices.hpp>
 
 namespace tessera {
-
-/// The result of a reduction that also says where: max/min along a dim, sort, topk.
-template <class T>
-struct ValuesIndices {
-  T values;
-  T indices;  ///< i64, positions along the reduced dim
-};
 
 namespace composites {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <tessera/grad/engine.hpp>
-#include <tessera/ops/detail/tensor_grad_ops.hpp>
+#include <tessera/ops/tensor_grad_ops.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/einsum.hpp>
 #include <tessera/ops/indexing.hpp>
