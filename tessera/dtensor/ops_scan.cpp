@@ -140,7 +140,15 @@ ValuesIndices<DTensor> topk(const DTensor& x, int64_t k, int64_t dim, bool large
   if (m >= 0) out_placements[static_cast<size_t>(m)] = Replicate{};
   Shape out_shape = x.shape();
   out_shape[d] = k;
-  const Layout values_layout(out_shape, x.dtype(), xr.layout().mesh(), out_placements);
+  // The other dims keep xr's shard order and explicit piece sizes (an uneven layout stays uneven).
+  ShardOrder order;
+  ShardSizes sizes;
+  for (int64_t k = 0; k < x.ndim(); ++k) {
+    if (k == d || xr.layout().shard_order(k).empty()) continue;
+    order[k] = xr.layout().shard_order(k);
+    if (xr.layout().has_explicit_sizes(k)) sizes[k] = xr.layout().piece_sizes(k);
+  }
+  const Layout values_layout(out_shape, x.dtype(), xr.layout().mesh(), out_placements, order, sizes);
   if (!mesh.is_member()) return {};
   const Tensor local = DTensorAccess::local(xr).detach();
   ValuesIndices<Tensor> picked;

@@ -400,6 +400,22 @@ TEST(ShardedOps, TopkAndCumsumOverAShardedDimMoveLittle) {
   });
 }
 
+// topk keeps the other dims' explicit (uneven) piece sizes: rows [1, 4] stay [1, 4].
+TEST(ShardedOps, TopkKeepsExplicitPieceSizesOfOtherDims) {
+  for_each_world({2}, [] {
+    const DeviceMesh mesh({world_size()}, {"x"});
+    std::vector<int64_t> rows(static_cast<size_t>(world_size()), 1);
+    rows.back() = 6 - (world_size() - 1);
+    const Tensor global = data({6, 5}, 4);
+    const Layout layout(global.shape(), global.dtype(), mesh.spec(), {Shard{0}}, {}, {{0, rows}});
+    const DTensor x(block_of(global, layout.block(mesh.coordinate())), mesh, layout);
+    const auto best = topk(x, 2, 1);
+    EXPECT_EQ(best.values.layout().piece_sizes(0), rows);
+    EXPECT_TRUE(equal(best.values.full_tensor(), topk(global, 2, 1).values));
+    EXPECT_TRUE(equal(best.indices.full_tensor(), topk(global, 2, 1).indices));
+  });
+}
+
 TEST(ShardedOps, ReductionScanSortErrors) {
   for_each_world({4}, [] {
     const DeviceMesh mesh({world_size()}, {"x"});
