@@ -210,11 +210,72 @@ OpProposal factor_proposal(const FactorRule& rule, const std::vector<const Layou
 
 std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vector<const Layout*>& inputs,
                                          std::string_view op) {
-  const Shape out_shape = factor_output_shape(rule, inputs, op);
+  return factor_proposals(rule, inputs, factor_output_shape(rule, inputs, op));
+}
+
+std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vector<const Layout*>& inputs,
+                                         const Shape& output_shape) {
   std::vector<OpProposal> proposals;
   for (const auto& strategy : expand_rows(factor_rows(rule), inputs.front()->mesh().ndim()))
-    proposals.push_back(factor_proposal(rule, inputs, strategy, out_shape));
+    proposals.push_back(factor_proposal(rule, inputs, strategy, output_shape));
   return proposals;
+}
+
+Factor FactorRuleBuilder::shardable(ReduceOp contraction) {
+  const Factor f(rule_.num_factors++);
+  rule_.replicated.push_back(false);
+  rule_.contraction.push_back(contraction);
+  return f;
+}
+
+Factors FactorRuleBuilder::shardable(int64_t count, ReduceOp contraction) {
+  Factors factors;
+  for (int64_t i = 0; i < count; ++i) factors.push_back(shardable(contraction));
+  return factors;
+}
+
+Factor FactorRuleBuilder::whole() {
+  const Factor f = shardable();
+  rule_.replicated.back() = true;
+  return f;
+}
+
+FactorRuleBuilder& FactorRuleBuilder::make_whole(Factor factor) {
+  if (!factor.is_none()) rule_.replicated[static_cast<size_t>(factor.id_)] = true;
+  return *this;
+}
+
+FactorRuleBuilder& FactorRuleBuilder::input(Factors dims, bool additive) {
+  std::vector<int> ids;
+  for (Factor f : dims) ids.push_back(f.id_);
+  rule_.inputs.push_back(std::move(ids));
+  rule_.additive.resize(rule_.inputs.size() - 1, false);
+  rule_.additive.push_back(additive);
+  return *this;
+}
+
+FactorRuleBuilder& FactorRuleBuilder::output(Factors dims) {
+  rule_.output.clear();
+  for (Factor f : dims) rule_.output.push_back(f.id_);
+  return *this;
+}
+
+FactorRuleBuilder& FactorRuleBuilder::keep_partial(Placements inputs, Placement output) {
+  rule_.linear.push_back({std::move(inputs), output});
+  return *this;
+}
+
+FactorRuleBuilder& FactorRuleBuilder::keep_partial(const std::vector<size_t>& partial_inputs, ReduceOp op) {
+  Placements row(rule_.inputs.size(), Replicate{});
+  for (size_t i : partial_inputs) row[i] = Partial{op};
+  rule_.linear.push_back({std::move(row), Partial{op}});
+  return *this;
+}
+
+FactorRuleBuilder& FactorRuleBuilder::keep_partial(const std::vector<size_t>& partial_inputs,
+                                                   std::span<const ReduceOp> ops) {
+  for (ReduceOp op : ops) keep_partial(partial_inputs, op);
+  return *this;
 }
 
 double planned_cost(const Layout& from, const Layout& to) {

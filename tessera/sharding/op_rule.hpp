@@ -9,6 +9,7 @@
 // strategies (their product over mesh dims); the dispatcher picks the cheapest one.
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,56 @@ struct FactorRule {
   std::string to_string() const;
 };
 
+/// A factor of a rule under construction (FactorRuleBuilder). Factor::none() is a dim without
+/// one: a size-1 broadcast, a new dim, or a dim the op needs whole but that ties to no other dim.
+class Factor {
+ public:
+  static Factor none() { return Factor(); }
+  bool is_none() const { return id_ == kNoFactor; }
+  friend bool operator==(Factor, Factor) = default;
+
+ private:
+  friend class FactorRuleBuilder;
+  explicit Factor(int id = kNoFactor) : id_(id) {}
+  int id_;
+};
+using Factors = std::vector<Factor>;
+
+/// Builds a FactorRule from factors named in code rather than numbered: make the factors, then
+/// give every operand its dims. Built-in rules use it (sharding/op_rules.cpp).
+/// Example, matmul "mk,kn->mn":
+///   FactorRuleBuilder b; Factor m = b.shardable(), k = b.shardable(), n = b.shardable();
+///   FactorRule rule = b.input({m, k}).input({k, n}).output({m, n}).build();
+class FactorRuleBuilder {
+ public:
+  /// A factor that may be sharded: it passes through as Shard where the output has it, and where
+  /// it does not it is contracted, giving Partial(contraction).
+  Factor shardable(ReduceOp contraction = ReduceOp::sum);
+  /// `count` shardable factors (the dims of an operand, in order).
+  Factors shardable(int64_t count, ReduceOp contraction = ReduceOp::sum);
+  /// A factor that must stay whole (replicated) on every operand carrying it.
+  Factor whole();
+
+  /// The next input's dims. `additive`: added into the output (a bias), so it must be Partial
+  /// exactly when the output is.
+  FactorRuleBuilder& input(Factors dims, bool additive = false);
+  FactorRuleBuilder& output(Factors dims);
+  /// A row keeping Partial inputs Partial (the op's linearity), e.g. `(P(sum), R) -> P(sum)`.
+  FactorRuleBuilder& keep_partial(Placements inputs, Placement output);
+  /// The row with the inputs at `partial_inputs` P(op), the others R, and the output P(op); the
+  /// second form adds one such row per op of `ops`. Call after the last input().
+  FactorRuleBuilder& keep_partial(const std::vector<size_t>& partial_inputs, ReduceOp op);
+  FactorRuleBuilder& keep_partial(const std::vector<size_t>& partial_inputs, std::span<const ReduceOp> ops);
+
+  /// Marks an existing factor whole after all (a dim the op's arguments say it needs whole).
+  FactorRuleBuilder& make_whole(Factor factor);
+
+  FactorRule build() const { return rule_; }
+
+ private:
+  FactorRule rule_;
+};
+
 /// One candidate of an op: the placements of every input and of the output.
 /// Example: `(S(0), R) -> S(0)`.
 struct OpStrategy {
@@ -91,6 +142,10 @@ OpProposal factor_proposal(const FactorRule& rule, const std::vector<const Layou
 /// Every strategy of a factor rule on the inputs' mesh, as layouts. Pure.
 std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vector<const Layout*>& inputs,
                                          std::string_view op);
+/// The same with the output shape given (ops that resize a dim without a factor: pad, repeat,
+/// cat; or whose whole output dims are not size-1 broadcasts: scatter).
+std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vector<const Layout*>& inputs,
+                                         const Shape& output_shape);
 
 /// Cost of moving a tensor from one layout to another; throws when no plan exists.
 using RedistributionCost = std::function<double(const Layout& from, const Layout& to)>;

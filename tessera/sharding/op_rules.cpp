@@ -164,15 +164,6 @@ ShardingRuleFn reduction(OpId op_id, ReductionKind kind) {
     const auto& reduce_args = std::get<ReduceArgs>(args);
     const bool keepdim = reduce_args.keepdim;
     const DimVector& reduced = reduce_args.dims;
-    FactorRule rule;
-    rule.num_factors = static_cast<int>(nd);
-    rule.inputs.emplace_back();
-    for (int64_t d = 0; d < nd; ++d) {
-      rule.inputs[0].push_back(static_cast<int>(d));
-      const bool is_reduced = std::find(reduced.begin(), reduced.end(), d) != reduced.end();
-      if (!is_reduced) rule.output.push_back(static_cast<int>(d));
-      else if (keepdim) rule.output.push_back(kNoFactor);
-    }
     ReduceOp op = ReduceOp::sum;
     switch (kind) {
       case ReductionKind::mean: op = ReduceOp::avg; break;
@@ -181,16 +172,21 @@ ShardingRuleFn reduction(OpId op_id, ReductionKind kind) {
       case ReductionKind::amin: op = ReduceOp::min; break;
       default: break;
     }
-    rule.contraction.assign(static_cast<size_t>(nd), op);
-    rule.replicated.assign(static_cast<size_t>(nd), false);
-    if (kind == ReductionKind::var || kind == ReductionKind::arg)
-      for (int64_t d : reduced) rule.replicated[static_cast<size_t>(d)] = true;
-    if (kind == ReductionKind::sum || kind == ReductionKind::mean) {
-      for (ReduceOp p : kLinearOps) rule.linear.push_back({{Partial{p}}, Partial{p}});
-    } else if (kind != ReductionKind::var && kind != ReductionKind::arg) {
-      rule.linear.push_back({{Partial{op}}, Partial{op}});
+    // var and arg{max,min} need a reduced dim whole; the others contract it into Partial(op).
+    const bool needs_whole = kind == ReductionKind::var || kind == ReductionKind::arg;
+    FactorRuleBuilder b;
+    Factors in, out;
+    for (int64_t d = 0; d < nd; ++d) {
+      const bool is_reduced = std::find(reduced.begin(), reduced.end(), d) != reduced.end();
+      const Factor f = is_reduced && needs_whole ? b.whole() : b.shardable(op);
+      in.push_back(f);
+      if (!is_reduced) out.push_back(f);
+      else if (keepdim) out.push_back(Factor::none());
     }
-    auto proposals = factor_proposals(rule, inputs, op_name(op_id));
+    b.input(in).output(out);
+    if (kind == ReductionKind::sum || kind == ReductionKind::mean) b.keep_partial({0}, kLinearOps);
+    else if (!needs_whole) b.keep_partial({0}, op);
+    auto proposals = factor_proposals(b.build(), inputs, op_name(op_id));
     if (kind == ReductionKind::mean) fix_uneven_mean(proposals, reduced);
     return proposals;
   };
@@ -202,27 +198,22 @@ ShardingRuleFn factor_rule_of(OpId op, std::function<FactorRule(const std::vecto
   };
 }
 
-// All dims of an operand as factors 0..nd-1.
-std::vector<int> identity_factors(int64_t nd) {
-  std::vector<int> dims;
-  for (int64_t d = 0; d < nd; ++d) dims.push_back(static_cast<int>(d));
-  return dims;
+// layer_norm, rms_norm: x "...n" with the normalized trailing dims n whole, the affine inputs "n".
+FactorRule normalization_rule(const std::vector<const Layout*>& inputs, int64_t normalized) {
+  const int64_t nd = inputs.front()->ndim();
+  FactorRuleBuilder b;
+  Factors x;
+  for (int64_t d = 0; d < nd; ++d) x.push_back(d >= nd - normalized ? b.whole() : b.shardable());
+  b.input(x);
+  const Factors trailing(x.end() - normalized, x.end());
+  for (size_t i = 1; i < inputs.size(); ++i) b.input(trailing);
+  return b.output(x).build();
 }
 
-FactorRule normalization_rule(const std::vector<const Layout*>& inputs, int64_t normalized, size_t extra_inputs) {
-  const int64_t nd = inputs.front()->ndim();
-  FactorRule rule;
-  rule.num_factors = static_cast<int>(nd);
-  rule.inputs.push_back(identity_factors(nd));
-  rule.output = identity_factors(nd);
-  rule.replicated.assign(static_cast<size_t>(nd), false);
-  for (int64_t d = nd - normalized; d < nd; ++d) rule.replicated[static_cast<size_t>(d)] = true;
-  for (size_t i = 0; i < extra_inputs; ++i) {
-    std::vector<int> dims;
-    for (int64_t d = nd - normalized; d < nd; ++d) dims.push_back(static_cast<int>(d));
-    rule.inputs.push_back(dims);
-  }
-  return rule;
+// x's dims without `dim`.
+Factors without(Factors dims, int64_t dim) {
+  dims.erase(dims.begin() + dim);
+  return dims;
 }
 
 // cat and stack: every non-joined dim is shared; the joined dim stays whole; Partials of one op
@@ -230,22 +221,19 @@ FactorRule normalization_rule(const std::vector<const Layout*>& inputs, int64_t 
 ShardingRuleFn joining(bool stacking) {
   return [stacking](const std::vector<const Layout*>& inputs, const OpArgs& args) {
     const int64_t dim = std::get<DimArgs>(args).dim;
-    const int64_t nd = inputs.front()->ndim();
-    FactorRule rule;
-    rule.num_factors = static_cast<int>(nd);
-    std::vector<int> dims = identity_factors(nd);
-    if (!stacking) dims[static_cast<size_t>(dim)] = kNoFactor;
-    rule.inputs.assign(inputs.size(), dims);
-    rule.output = dims;
-    if (stacking) rule.output.insert(rule.output.begin() + dim, kNoFactor);
-    for (ReduceOp op : kAllOps) rule.linear.push_back({Placements(inputs.size(), Partial{op}), Partial{op}});
+    FactorRuleBuilder b;
+    Factors dims = b.shardable(inputs.front()->ndim());
+    if (!stacking) dims[static_cast<size_t>(dim)] = Factor::none();
+    std::vector<size_t> all;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      b.input(dims);
+      all.push_back(i);
+    }
+    if (stacking) dims.insert(dims.begin() + dim, Factor::none());
+    b.output(dims).keep_partial(all, kAllOps);
     std::vector<Shape> shapes;
     for (const auto* in : inputs) shapes.push_back(in->global_shape());
-    const Shape out = joined_shape(shapes, dim, stacking).shape;
-    std::vector<OpProposal> proposals;
-    for (const auto& s : expand_rows(factor_rows(rule), inputs.front()->mesh().ndim()))
-      proposals.push_back(factor_proposal(rule, inputs, s, out));
-    return proposals;
+    return factor_proposals(b.build(), inputs, joined_shape(shapes, dim, stacking).shape);
   };
 }
 
@@ -264,19 +252,19 @@ FactorRule elementwise_factor_rule(const std::vector<Shape>& shapes, Linearity l
       if (o == 1) o = s[d];
     }
   }
-  FactorRule rule;
-  rule.num_factors = static_cast<int>(nd);
-  rule.output = identity_factors(nd);
+  FactorRuleBuilder b;
+  const Factors dims = b.shardable(nd);
   for (const auto& s : shapes) {
-    std::vector<int> dims;
+    Factors in;
     for (int64_t d = 0; d < s.size(); ++d) {
       const int64_t j = d + nd - s.size();
-      dims.push_back(s[d] == out[j] ? static_cast<int>(j) : kNoFactor);
+      in.push_back(s[d] == out[j] ? dims[static_cast<size_t>(j)] : Factor::none());
     }
-    rule.inputs.push_back(std::move(dims));
+    b.input(std::move(in));
   }
-  rule.linear = linear_rows(linearity, shapes.size(), scalar_slot);
-  return rule;
+  b.output(dims);
+  for (const auto& row : linear_rows(linearity, shapes.size(), scalar_slot)) b.keep_partial(row.inputs, row.output);
+  return b.build();
 }
 
 FactorRule matmul_factor_rule(const Shape& a, const Shape& b, std::string_view op) {
@@ -298,35 +286,32 @@ FactorRule matmul_factor_rule(const Shape& a, const Shape& b, std::string_view o
   };
   fold(a, a_batch);
   fold(b, b_batch);
-  const int M = static_cast<int>(nb), K = M + 1, N = M + 2;
-  FactorRule rule;
-  rule.num_factors = N + 1;
+  // "...mk,...kn->...mn" with broadcast batch dims; m (n) absent for a 1-d a (b).
+  FactorRuleBuilder rule;
+  const Factors batch_factors = rule.shardable(nb);
+  const Factor m = rule.shardable(), k = rule.shardable(), n = rule.shardable();
   const auto batch_dims = [&](const Shape& s, int64_t count) {
-    std::vector<int> dims;
+    Factors dims;
     for (int64_t d = 0; d < count; ++d) {
       const int64_t j = d + nb - count;
-      dims.push_back(s[d] == batch[j] ? static_cast<int>(j) : kNoFactor);
+      dims.push_back(s[d] == batch[j] ? batch_factors[static_cast<size_t>(j)] : Factor::none());
     }
     return dims;
   };
-  auto ad = batch_dims(a, a_batch), bd = batch_dims(b, b_batch);
-  rule.output = identity_factors(nb);
+  Factors ad = batch_dims(a, a_batch), bd = batch_dims(b, b_batch), out = batch_factors;
   if (a.size() >= 2) {
-    ad.push_back(M);
-    rule.output.push_back(M);
+    ad.push_back(m);
+    out.push_back(m);
   }
-  ad.push_back(K);
-  bd.push_back(K);
+  ad.push_back(k);
+  bd.push_back(k);
   if (b.size() >= 2) {
-    bd.push_back(N);
-    rule.output.push_back(N);
+    bd.push_back(n);
+    out.push_back(n);
   }
-  rule.inputs = {ad, bd};
-  for (ReduceOp op : kLinearOps) {
-    rule.linear.push_back({{Partial{op}, Replicate{}}, Partial{op}});
-    rule.linear.push_back({{Replicate{}, Partial{op}}, Partial{op}});
-  }
-  return rule;
+  rule.input(ad).input(bd).output(out);
+  for (ReduceOp op : kLinearOps) rule.keep_partial({0}, op).keep_partial({1}, op);
+  return rule.build();
 }
 
 void register_builtin_rules(RuleRegistry& registry) {
@@ -358,23 +343,21 @@ void register_builtin_rules(RuleRegistry& registry) {
   // linear: x "...i", weight "oi", bias "o" (added into the output, so Partial with it).
   registry.set(OpId::linear, factor_rule_of(OpId::linear,
                              [](const std::vector<const Layout*>& in, const OpArgs&) {
-                               const int64_t nd = in[0]->ndim();
-                               const int I = static_cast<int>(nd - 1), O = static_cast<int>(nd);
-                               FactorRule rule;
-                               rule.num_factors = O + 1;
-                               rule.inputs.push_back(identity_factors(nd));
-                               rule.inputs.push_back({O, I});
-                               rule.output = identity_factors(nd - 1);
-                               rule.output.push_back(O);
-                               const bool bias = in.size() == 3;
-                               if (bias) rule.inputs.push_back({O});
-                               rule.additive = {false, false, bias};
-                               for (ReduceOp op : kLinearOps) {
-                                 const Placement P = Partial{op}, R = Replicate{};
-                                 rule.linear.push_back({bias ? Placements{P, R, P} : Placements{P, R}, P});
-                                 rule.linear.push_back({bias ? Placements{R, P, P} : Placements{R, P}, P});
+                               FactorRuleBuilder b;
+                               const Factors x = b.shardable(in[0]->ndim());
+                               const Factor i = x.back(), o = b.shardable();
+                               Factors out(x.begin(), x.end() - 1);
+                               out.push_back(o);
+                               b.input(x).input({o, i});
+                               std::vector<size_t> with_x{0}, with_weight{1};
+                               if (in.size() == 3) {
+                                 b.input({o}, /*additive=*/true);
+                                 with_x.push_back(2);
+                                 with_weight.push_back(2);
                                }
-                               return rule;
+                               b.output(out);
+                               for (ReduceOp op : kLinearOps) b.keep_partial(with_x, op).keep_partial(with_weight, op);
+                               return b.build();
                              }));
 
   // einsum: its equation is its rule; multilinear, so one Partial operand among replicated ones
@@ -391,15 +374,16 @@ void register_builtin_rules(RuleRegistry& registry) {
                }));
   // softmax, log_softmax: the dim they normalise stays whole (a 0-d input has none).
   const auto along_dim = [](const std::vector<const Layout*>& in, const OpArgs& args) {
-    FactorRule rule = normalization_rule(in, 0, 0);
     const int64_t dim = std::get<DimArgs>(args).dim;
-    if (dim >= 0 && dim < static_cast<int64_t>(rule.replicated.size())) rule.replicated[static_cast<size_t>(dim)] = true;
-    return rule;
+    FactorRuleBuilder b;
+    Factors x;
+    for (int64_t d = 0; d < in[0]->ndim(); ++d) x.push_back(d == dim ? b.whole() : b.shardable());
+    return b.input(x).output(x).build();
   };
   registry.set(OpId::softmax, factor_rule_of(OpId::softmax, along_dim));
   registry.set(OpId::log_softmax, factor_rule_of(OpId::log_softmax, along_dim));
   const auto normalizing = [](const std::vector<const Layout*>& in, const OpArgs& args) {
-    return normalization_rule(in, std::get<NormArgs>(args).normalized_ndim, in.size() - 1);
+    return normalization_rule(in, std::get<NormArgs>(args).normalized_ndim);
   };
   registry.set(OpId::layer_norm, factor_rule_of(OpId::layer_norm, normalizing));
   registry.set(OpId::rms_norm, factor_rule_of(OpId::rms_norm, normalizing));
@@ -407,32 +391,21 @@ void register_builtin_rules(RuleRegistry& registry) {
   // rank looks up the rows it holds and zeros the rest, a Partial(sum).
   registry.set(OpId::embedding, factor_rule_of(OpId::embedding,
                                 [](const std::vector<const Layout*>& in, const OpArgs&) {
-                                  const int64_t ni = in[1]->ndim();
-                                  const int V = static_cast<int>(ni), D = V + 1;
-                                  FactorRule rule;
-                                  rule.num_factors = D + 1;
-                                  rule.inputs = {{V, D}, identity_factors(ni)};
-                                  rule.output = identity_factors(ni);
-                                  rule.output.push_back(D);
-                                  rule.linear.push_back({{Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
-                                  return rule;
+                                  FactorRuleBuilder b;
+                                  const Factors indices = b.shardable(in[1]->ndim());
+                                  const Factor v = b.shardable(), d = b.shardable();
+                                  Factors out = indices;
+                                  out.push_back(d);
+                                  return b.input({v, d}).input(indices).output(out).keep_partial({0}, ReduceOp::sum).build();
                                 }));
   // class_pick (cross_entropy's target logit): logits [N, C, d...] and target [N, d...] -> the
   // logit of each target class; a sharded class dim gives a Partial(sum) (ranks pick what they hold).
   registry.set(OpId::class_pick, factor_rule_of(OpId::class_pick,
                                  [](const std::vector<const Layout*>& in, const OpArgs& args) {
-                                   const int64_t nd = in[0]->ndim(), c = std::get<DimArgs>(args).dim;
-                                   FactorRule rule;
-                                   rule.num_factors = static_cast<int>(nd);
-                                   rule.inputs.push_back(identity_factors(nd));
-                                   std::vector<int> rest;
-                                   for (int64_t d = 0; d < nd; ++d)
-                                     if (d != c) rest.push_back(static_cast<int>(d));
-                                   rule.inputs.push_back(rest);
-                                   rule.output = rest;
-                                   rule.linear.push_back(
-                                       {{Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
-                                   return rule;
+                                   FactorRuleBuilder b;
+                                   const Factors logits = b.shardable(in[0]->ndim());
+                                   const Factors rest = without(logits, std::get<DimArgs>(args).dim);
+                                   return b.input(logits).input(rest).output(rest).keep_partial({0}, ReduceOp::sum).build();
                                  }));
 
   // Backward ops (autograd). embedding_backward: weight "vd" (its layout only), grad "i...d",
@@ -442,18 +415,12 @@ void register_builtin_rules(RuleRegistry& registry) {
       OpId::embedding_backward,
       factor_rule_of(OpId::embedding_backward,
           [](const std::vector<const Layout*>& in, const OpArgs&) {
-            const int64_t ni = in[2]->ndim();
-            const int V = 0, D = 1;
-            FactorRule rule;
-            rule.num_factors = static_cast<int>(ni) + 2;
-            std::vector<int> batch;
-            for (int64_t d = 0; d < ni; ++d) batch.push_back(static_cast<int>(d) + 2);
-            std::vector<int> grad = batch;
-            grad.push_back(D);
-            rule.inputs = {{V, D}, grad, batch};
-            rule.output = {V, D};
-            rule.linear.push_back({{Replicate{}, Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
-            return rule;
+            FactorRuleBuilder b;
+            const Factor v = b.shardable(), d = b.shardable();
+            const Factors batch = b.shardable(in[2]->ndim());
+            Factors grad = batch;
+            grad.push_back(d);
+            return b.input({v, d}).input(grad).input(batch).output({v, d}).keep_partial({1}, ReduceOp::sum).build();
           }));
   // class_pick_backward: logits "nc..." (its layout only), grad and target "n..." -> "nc...": the
   // gradient placed at each target class; a sharded class dim keeps the logits' sharding.
@@ -461,16 +428,10 @@ void register_builtin_rules(RuleRegistry& registry) {
       OpId::class_pick_backward,
       factor_rule_of(OpId::class_pick_backward,
           [](const std::vector<const Layout*>& in, const OpArgs& args) {
-            const int64_t nd = in[0]->ndim(), c = std::get<DimArgs>(args).dim;
-            FactorRule rule;
-            rule.num_factors = static_cast<int>(nd);
-            std::vector<int> rest;
-            for (int64_t d = 0; d < nd; ++d)
-              if (d != c) rest.push_back(static_cast<int>(d));
-            rule.inputs = {identity_factors(nd), rest, rest};
-            rule.output = identity_factors(nd);
-            rule.linear.push_back({{Replicate{}, Partial{ReduceOp::sum}, Replicate{}}, Partial{ReduceOp::sum}});
-            return rule;
+            FactorRuleBuilder b;
+            const Factors logits = b.shardable(in[0]->ndim());
+            const Factors rest = without(logits, std::get<DimArgs>(args).dim);
+            return b.input(logits).input(rest).input(rest).output(logits).keep_partial({1}, ReduceOp::sum).build();
           }));
 
   registry.set(OpId::reshape, [](const std::vector<const Layout*>& in, const OpArgs& args) {

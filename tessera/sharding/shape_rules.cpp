@@ -16,30 +16,9 @@ namespace {
 
 constexpr ReduceOp kCopyingOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
 
-std::vector<int> identity_factors(int64_t nd) {
-  std::vector<int> dims;
-  for (int64_t d = 0; d < nd; ++d) dims.push_back(static_cast<int>(d));
-  return dims;
-}
-
-// One input, its dims as factors 0..nd-1, the Partials of `partials` kept.
-FactorRule copying_rule(int64_t nd, std::span<const ReduceOp> partials) {
-  FactorRule rule;
-  rule.num_factors = static_cast<int>(nd);
-  rule.inputs.push_back(identity_factors(nd));
-  rule.output = identity_factors(nd);
-  rule.replicated.assign(static_cast<size_t>(nd), false);
-  for (ReduceOp op : partials) rule.linear.push_back({{Partial{op}}, Partial{op}});
-  return rule;
-}
-
-// Proposals of a rule whose output shape is not the factors' (pad and repeat resize dims).
-std::vector<OpProposal> proposals_with_shape(const FactorRule& rule, const std::vector<const Layout*>& inputs,
-                                             const Shape& output_shape) {
-  std::vector<OpProposal> proposals;
-  for (const auto& strategy : expand_rows(factor_rows(rule), inputs.front()->mesh().ndim()))
-    proposals.push_back(factor_proposal(rule, inputs, strategy, output_shape));
-  return proposals;
+// One input whose dims are `in` and output dims `out`, the Partials of `partials` kept.
+FactorRule copying_rule(FactorRuleBuilder& b, const Factors& in, const Factors& out, std::span<const ReduceOp> partials) {
+  return b.input(in).output(out).keep_partial({0}, partials).build();
 }
 
 // flip (ShapeArgs: the flipped dims) and roll (ShapeArgs: a shift per dim): the touched dims are
@@ -48,16 +27,16 @@ std::vector<OpProposal> proposals_with_shape(const FactorRule& rule, const std::
 // for now.
 ShardingRuleFn permuting(OpId op, bool by_shift) {
   return [op, by_shift](const std::vector<const Layout*>& inputs, const OpArgs& args) {
-    const int64_t nd = inputs.front()->ndim();
-    FactorRule rule = copying_rule(nd, kCopyingOps);
+    FactorRuleBuilder b;
+    const Factors x = b.shardable(inputs.front()->ndim());
     const DimVector& values = std::get<ShapeArgs>(args).shape;
     if (by_shift) {
       for (int64_t d = 0; d < values.size(); ++d)
-        if (values[d] != 0) rule.replicated[static_cast<size_t>(d)] = true;
+        if (values[d] != 0) b.make_whole(x[static_cast<size_t>(d)]);
     } else {
-      for (int64_t d : values) rule.replicated[static_cast<size_t>(d)] = true;
+      for (int64_t d : values) b.make_whole(x[static_cast<size_t>(d)]);
     }
-    return factor_proposals(rule, inputs, op_name(op));
+    return factor_proposals(copying_rule(b, x, x, kCopyingOps), inputs, op_name(op));
   };
 }
 
@@ -66,7 +45,9 @@ ShardingRuleFn permuting(OpId op, bool by_shift) {
 // of every reduce op here, and a kept element is a copy).
 ShardingRuleFn triangle(OpId op) {
   return [op](const std::vector<const Layout*>& inputs, const OpArgs&) {
-    return factor_proposals(copying_rule(inputs.front()->ndim(), kCopyingOps), inputs, op_name(op));
+    FactorRuleBuilder b;
+    const Factors x = b.shardable(inputs.front()->ndim());
+    return factor_proposals(copying_rule(b, x, x, kCopyingOps), inputs, op_name(op));
   };
 }
 
@@ -76,17 +57,18 @@ std::vector<OpProposal> repeat_rule(const std::vector<const Layout*>& inputs, co
   const Layout& x = *inputs.front();
   const DimVector& repeats = std::get<ShapeArgs>(args).shape;
   const int64_t nd = x.ndim(), lead = repeats.size() - nd;
-  FactorRule rule = copying_rule(nd, kCopyingOps);
-  rule.output.assign(static_cast<size_t>(lead), kNoFactor);
+  FactorRuleBuilder b;
+  Factors in, out_dims(static_cast<size_t>(lead), Factor::none());
   Shape out;
   for (int64_t i = 0; i < lead; ++i) out.push_back(repeats[i]);
   for (int64_t d = 0; d < nd; ++d) {
     const int64_t r = repeats[lead + d];
-    if (r != 1) rule.inputs[0][static_cast<size_t>(d)] = kNoFactor;
-    rule.output.push_back(r != 1 ? kNoFactor : static_cast<int>(d));
+    const Factor f = r == 1 ? b.shardable() : Factor::none();
+    in.push_back(f);
+    out_dims.push_back(f);
     out.push_back(r * x.global_shape()[d]);
   }
-  return proposals_with_shape(rule, inputs, out);
+  return factor_proposals(copying_rule(b, in, out_dims, kCopyingOps), inputs, out);
 }
 
 // pad (PadArgs): padded or cropped dims are whole. Constant fill under P(avg), P(max), P(min)
@@ -96,15 +78,15 @@ std::vector<OpProposal> pad_rule(const std::vector<const Layout*>& inputs, const
   const auto& a = std::get<PadArgs>(args);
   const bool keeps_sum = a.mode != 0 || a.value.to_double() == 0;
   std::vector<ReduceOp> partials(std::begin(kCopyingOps) + (keeps_sum ? 0 : 1), std::end(kCopyingOps));
-  FactorRule rule = copying_rule(x.ndim(), partials);
+  FactorRuleBuilder b;
+  Factors dims;
   Shape out = x.global_shape();
   for (int64_t d = 0; d < x.ndim(); ++d) {
-    if (a.before[d] == 0 && a.after[d] == 0) continue;
-    rule.inputs[0][static_cast<size_t>(d)] = kNoFactor;
-    rule.output[static_cast<size_t>(d)] = kNoFactor;
+    const bool padded = a.before[d] != 0 || a.after[d] != 0;
+    dims.push_back(padded ? Factor::none() : b.shardable());
     out[d] += a.before[d] + a.after[d];
   }
-  return proposals_with_shape(rule, inputs, out);
+  return factor_proposals(copying_rule(b, dims, dims, partials), inputs, out);
 }
 
 }  // namespace
