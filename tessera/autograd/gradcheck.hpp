@@ -5,11 +5,13 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/grad/engine.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>
 #include <tessera/core/tensor.hpp>
 
-namespace tessera::autograd {
+namespace tessera TESSERA_API {
+namespace autograd {
 
 struct GradcheckOptions {
   double eps = 1e-6;   ///< finite-difference step
@@ -29,4 +31,5 @@ struct GradcheckResult {
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
                           const std::vector<Tensor>& inputs, const GradcheckOptions& options = {});
 
-}  // namespace tessera::autograd
+}  // namespace autograd
+}  // namespace tessera

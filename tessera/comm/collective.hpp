@@ -5,10 +5,11 @@
 #include <string>
 #include <string_view>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/reduce_op.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 #define TESSERA_FORALL_COLLECTIVES(_) \
   _(all_reduce)                       \

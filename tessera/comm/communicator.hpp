@@ -1,6 +1,6 @@
 #pragma once
-// Communicator: collectives over a fixed group of ranks on contiguous typed buffers
-// (STYLE.md §7). Backends (threads, mpi) implement the protected do_* methods; every public
+// Communicator: collectives over a fixed group of ranks on contiguous typed buffers.
+// Backends (threads, mpi) implement the protected do_* methods; every public
 // call first passes the one choke point (validation, sequence numbers, observers such as
 // CommDebugMode, tracing), then the backend, which does the desync check and the timeouts.
 //
@@ -14,12 +14,13 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/comm/collective.hpp>
 #include <tessera/comm/work.hpp>
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/reduce_op.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 namespace detail {
 class AsyncQueue;

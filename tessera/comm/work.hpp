@@ -2,7 +2,9 @@
 // Work: the handle of an asynchronous communication call.
 #include <memory>
 
-namespace tessera {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
 
 namespace detail {
 struct WorkState;

@@ -1,15 +1,16 @@
 #pragma once
-// DType: the closed set of element types, generated from one X-macro list (STYLE.md §4).
+// DType: the closed set of element types, generated from one X-macro list.
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <string_view>
 #include <type_traits>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/core/half.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 // name, C++ storage type, category (float / int / bool)
 #define TESSERA_FORALL_DTYPES(_)   \

@@ -1,11 +1,13 @@
 #pragma once
-// Error kinds and the checking macros every layer uses (STYLE.md §5).
+// Error kinds and the checking macros every layer uses.
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
-namespace tessera {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
 
 /// Base of every exception Tessera throws. Message shape: "[op] what is wrong: values; expected ...".
 class Error : public std::runtime_error {

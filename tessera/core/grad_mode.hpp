@@ -10,7 +10,10 @@
 #include <memory>
 #include <vector>
 
-namespace tessera::autograd {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
+namespace autograd {
 
 class Node;
 
@@ -57,4 +60,5 @@ bool needs_grad(const std::vector<T>& inputs) {
   return false;
 }
 
-}  // namespace tessera::autograd
+}  // namespace autograd
+}  // namespace tessera

@@ -1,9 +1,11 @@
 #pragma once
-// 16-bit floating types: stored as 16 bits, computed in f32 (DESIGN.md: f16/bf16 via f32).
+// 16-bit floating types: stored as 16 bits, computed in f32.
 #include <bit>
 #include <cstdint>
 
-namespace tessera {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
 
 namespace detail {
 

@@ -4,7 +4,9 @@
 #include <string>
 #include <string_view>
 
-namespace tessera {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
 
 #define TESSERA_FORALL_REDUCE_OPS(_) \
   _(sum)                             \

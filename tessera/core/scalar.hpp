@@ -6,9 +6,10 @@
 #include <string>
 #include <type_traits>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/dtype.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// A bool, integer or floating value. Constructible implicitly from any arithmetic type.
 class Scalar {

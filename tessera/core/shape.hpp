@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
-namespace tessera {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
 
 /// A vector of int64 that stores up to 6 elements inline and spills to the heap beyond.
 /// Value type: copyable, comparable, printable as "[2, 3]".

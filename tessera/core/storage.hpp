@@ -1,11 +1,13 @@
 #pragma once
 // Storage: the bytes under one or more tensors. Carries its device so kernels can be chosen by
-// it (DESIGN.md §7: cpu now, cuda later).
+// it (cpu now, cuda later).
 #include <cstdint>
 #include <memory>
 #include <string_view>
 
-namespace tessera {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
 
 /// Where a storage lives. Only cpu is implemented; cuda is the roadmap's seam.
 enum class Device : uint8_t { cpu, cuda };

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/grad_mode.hpp>
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
@@ -13,7 +14,7 @@
 #include <tessera/core/shape.hpp>
 #include <tessera/core/storage.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// A cheap, copyable handle on shared storage with shape, strides (in elements) and offset.
 /// Copies of a handle alias the same data; views (reshape, transpose, narrow, ...) never copy.

@@ -153,7 +153,7 @@ Tensor from_vector(const std::vector<T>& values, const Shape& shape) {
 #define TESSERA_INSTANTIATE_VALUES(name, type, category)                        \
   template type Tensor::item<type>() const;                                     \
   template std::vector<type> Tensor::to_vector<type>() const;                   \
-  template Tensor from_vector<type>(const std::vector<type>&, const Shape&);
+  template TESSERA_API Tensor from_vector<type>(const std::vector<type>&, const Shape&);
 TESSERA_FORALL_DTYPES(TESSERA_INSTANTIATE_VALUES)
 #undef TESSERA_INSTANTIATE_VALUES
 

@@ -1,17 +1,18 @@
 #pragma once
 // CommDebugMode: counts the communication a block of code does on the calling rank (PyTorch's
 // torch.distributed.tensor.debug.CommDebugMode). Built on the CommObserver hook at the
-// communicator's choke point (STYLE.md §7), so it sees every call on every communicator of
+// communicator's choke point so it sees every call on every communicator of
 // this rank: world, mesh axes, splits, and the ones DTensor issues internally.
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/comm/collective.hpp>
 #include <tessera/comm/communicator.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// RAII scope on the calling rank (thread) that records every communication call issued while
 /// it is open: collectives, send/recv, barrier and split all count, one per call, with the

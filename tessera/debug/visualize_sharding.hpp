@@ -4,9 +4,10 @@
 // prints in any terminal and log.
 #include <string>
 
+#include <tessera/core/export.hpp>
 #include <tessera/sharding/layout.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 class DTensor;
 

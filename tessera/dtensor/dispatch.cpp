@@ -1,12 +1,12 @@
 // The dispatcher and its per-rank decision cache.
-#include <tessera/dtensor/dispatch.hpp>
+#include <tessera/dtensor/detail/dispatch.hpp>
 
 #include <array>
 #include <mutex>
 #include <unordered_map>
 
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/redistribute.hpp>
+#include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera {

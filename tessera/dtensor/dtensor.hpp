@@ -1,6 +1,6 @@
 #pragma once
 // DTensor: a global tensor laid out over a DeviceMesh, each rank holding its block as a local
-// Tensor (DESIGN.md §2, §5). Cheap to copy: the local tensor shares storage and the layout is a
+// Tensor. Cheap to copy: the local tensor shares storage and the layout is a
 // value. Every rank of the mesh runs the same calls (SPMD); calls that communicate say so.
 #include <cstdint>
 #include <iosfwd>
@@ -10,13 +10,14 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/grad/engine.hpp>
 #include <tessera/mesh/device_mesh.hpp>
 #include <tessera/sharding/layout.hpp>
 #include <tessera/sharding/plan.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 namespace detail {
 struct DTensorAccess;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/scalar.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/ops/einsum.hpp>
@@ -17,7 +18,7 @@
 #include <tessera/ops/shape_ops.hpp>
 #include <tessera/ops/values_indices.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 // --- elementwise: every elementwise row of the op table (ops/op_table.hpp); binary ops broadcast,
 // take a Scalar or a 0-d Tensor on either side; dtypes as in ops/elementwise.hpp -------------------

@@ -5,7 +5,7 @@
 
 #include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/dispatch.hpp>
+#include <tessera/dtensor/detail/dispatch.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>

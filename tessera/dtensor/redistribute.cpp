@@ -1,7 +1,7 @@
 // Running redistribute plans: each step becomes one collective over one mesh dim, or one
 // all_to_all_v (point-to-point when no communicator covers the ranks), moving exactly the pieces
 // the planner costed. Buffers are packed only when the pieces are not already consecutive.
-#include <tessera/dtensor/redistribute.hpp>
+#include <tessera/dtensor/detail/redistribute.hpp>
 
 #include <optional>
 

@@ -1,7 +1,7 @@
 #include <tessera/dtensor/sharded_op.hpp>
 
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/dispatch.hpp>
+#include <tessera/dtensor/detail/dispatch.hpp>
 
 namespace tessera {
 

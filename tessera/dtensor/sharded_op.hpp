@@ -6,10 +6,11 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/sharding/op_rule.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Acceptable rows of a user op for one mesh dim (the placement of each input and of the output),
 /// given the input layouts; the all-Replicate row is always added. Expanded over mesh dims.

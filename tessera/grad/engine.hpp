@@ -1,5 +1,5 @@
 #pragma once
-// The reverse-mode autograd graph, shared by Tensor and DTensor (DESIGN.md §1). The graph is
+// The reverse-mode autograd graph, shared by Tensor and DTensor (docs/architecture.md: the layers). The graph is
 // type-erased so that this layer names neither type's ops: a node maps the gradient of its output
 // (a Tensor or a DTensor, held in std::any) to the gradients of its inputs, and each op's
 // derivative lives next to the op (ops/detail/derivatives.hpp), written once for both types.
@@ -13,9 +13,11 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/grad_mode.hpp>
 
-namespace tessera::autograd {
+namespace tessera TESSERA_API {
+namespace autograd {
 
 /// Gradient arithmetic per tensor type, specialised beside each type (Tensor, DTensor).
 template <class T>
@@ -94,4 +96,5 @@ void record(const char* name, T& out, std::initializer_list<const T*> inputs,
   record<T, T>(name, out, std::vector<const T*>(inputs), std::move(backward));
 }
 
-}  // namespace tessera::autograd
+}  // namespace autograd
+}  // namespace tessera

@@ -39,8 +39,10 @@ void require_rank() {
                 "constructed outside a rank; build meshes inside tessera::run or tessera::launch");
 }
 
-std::shared_ptr<DeviceMesh::State> construct(std::vector<int64_t> shape, std::vector<std::string> names,
-                                             std::vector<int> ranks) {
+}  // namespace
+
+std::shared_ptr<DeviceMesh::State> DeviceMesh::construct(std::vector<int64_t> shape, std::vector<std::string> names,
+                                                         std::vector<int> ranks) {
   require_rank();
   auto state = std::make_shared<DeviceMesh::State>();
   Communicator& world = tessera::world();
@@ -66,8 +68,6 @@ std::shared_ptr<DeviceMesh::State> construct(std::vector<int64_t> shape, std::ve
   if (!state->member) state->dims.clear();
   return state;
 }
-
-}  // namespace
 
 DeviceMesh::DeviceMesh(std::vector<int64_t> shape, std::vector<std::string> names) {
   require_rank();

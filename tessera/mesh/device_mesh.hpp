@@ -7,10 +7,11 @@
 #include <string_view>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/comm/communicator.hpp>
 #include <tessera/mesh/mesh_spec.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// A named n-d grid of ranks (MeshSpec) plus, for the calling rank, one communicator per mesh
 /// dim over the ranks that differ from it only in that coordinate, created once at construction
@@ -68,9 +69,11 @@ class DeviceMesh {
   /// "mesh[dp=2, tp=2]".
   std::string to_string() const { return spec().to_string(); }
 
-  struct State;
 
  private:
+  struct State;  // the grid, the calling rank's place in it and its communicators
+  static std::shared_ptr<State> construct(std::vector<int64_t> shape, std::vector<std::string> names,
+                                          std::vector<int> ranks);
   explicit DeviceMesh(std::shared_ptr<State> state) : state_(std::move(state)) {}
   const State& member_state(const char* op) const;
 

@@ -7,9 +7,10 @@
 #include <string_view>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/shape.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Ranks laid out on a named n-d grid, row-major. Immutable value.
 /// Constraints: one name per dim, names unique and non-empty, sizes >= 1, one world rank per

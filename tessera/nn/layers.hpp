@@ -8,9 +8,11 @@
 #include <optional>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/nn/module.hpp>
 
-namespace tessera::nn {
+namespace tessera TESSERA_API {
+namespace nn {
 
 /// y = x W^T + b, W [out, in] uniform in +-1/sqrt(in) (PyTorch's default), b likewise.
 class Linear : public Module {
@@ -126,4 +128,5 @@ class TransformerLM : public Module {
   std::shared_ptr<Linear> head_;
 };
 
-}  // namespace tessera::nn
+}  // namespace nn
+}  // namespace tessera

@@ -11,9 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 
-namespace tessera::nn {
+namespace tessera TESSERA_API {
+namespace nn {
 
 class Module {
  public:
@@ -83,4 +85,5 @@ class Module {
   std::vector<std::optional<Placement>> input_placements_, output_placements_;
 };
 
-}  // namespace tessera::nn
+}  // namespace nn
+}  // namespace tessera

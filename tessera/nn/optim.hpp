@@ -4,9 +4,11 @@
 // norm reduces one scalar per parameter. A learning-rate schedule with linear warmup and cosine decay.
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 
-namespace tessera::nn {
+namespace tessera TESSERA_API {
+namespace nn {
 
 /// What every optimizer has: the parameters it updates and a learning rate.
 class Optimizer {
@@ -56,4 +58,5 @@ double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm);
 /// Linear warmup from 0 over `warmup` steps, then cosine decay to `min_lr` at `total` steps.
 double warmup_cosine_lr(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr = 0.0);
 
-}  // namespace tessera::nn
+}  // namespace nn
+}  // namespace tessera

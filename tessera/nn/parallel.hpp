@@ -5,9 +5,11 @@
 #include <string>
 #include <variant>
 
+#include <tessera/core/export.hpp>
 #include <tessera/nn/module.hpp>
 
-namespace tessera::nn {
+namespace tessera TESSERA_API {
+namespace nn {
 
 /// Linear: weight Shard(0) (output features split), bias Shard(0); the input is moved to
 /// `input` (Replicate: all-gathered if it comes sharded) and the output stays Shard(-1).
@@ -45,4 +47,5 @@ std::map<std::string, ParallelStyle> transformer_tp_plan(bool sequence_parallel 
 /// tensor-parallel piece), all-gathered for compute in forward, and its gradient reduce-scattered.
 void fully_shard(Module& module, const std::string& axis);
 
-}  // namespace tessera::nn
+}  // namespace nn
+}  // namespace tessera

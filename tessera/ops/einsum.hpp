@@ -6,9 +6,10 @@
 #include <string_view>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// A checked einsum: per operand its letters, the output's letters, the size of every letter.
 struct EinsumSpec {

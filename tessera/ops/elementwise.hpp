@@ -3,10 +3,11 @@
 // Binary ops accept a Scalar on either side: `x + 2` keeps an integer x integral, `x + 2.5`
 // makes it f32; a floating x keeps its dtype. f16/bf16 compute in f32.
 // Throws ValueError naming the op and both shapes if shapes do not broadcast.
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/op_table.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 // --- the elementwise rows of the op table (ops/op_table.hpp) -----------------------------------
 // Unary: neg abs relu sign exp log sqrt rsqrt sin cos tanh sigmoid gelu (exact erf form) silu

@@ -4,9 +4,10 @@
 // shapes and the offending index otherwise. Differentiable in x and src.
 #include <cstdint>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// out[p] = x[p with p[dim] = index[p]]; index has x's ndim and no dim larger than x's except dim.
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);

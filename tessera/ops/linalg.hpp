@@ -6,9 +6,10 @@
 // environment variable TESSERA_BLAS_THREADS=n before the first matmul to give BLAS n threads.
 #include <optional>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// torch.matmul semantics: 1-d x 1-d dot product, 2-d x 2-d matrix product, 1-d operands are
 /// promoted to a matrix and the added dim removed, batch dims broadcast.

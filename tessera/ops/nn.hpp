@@ -4,10 +4,11 @@
 #include <optional>
 #include <string_view>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/reduction.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// exp(x) / sum(exp(x)) along dim, computed stably (max subtracted); a row of -inf gives NaN.
 /// A 0-d input takes dim 0 or -1. Throws ValueError if dim is out of range.

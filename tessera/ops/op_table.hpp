@@ -86,7 +86,9 @@
   TESSERA_SELECTION_OPS(X) TESSERA_REDUCTION_OPS(X) TESSERA_LINALG_OPS(X) TESSERA_NN_OPS(X)    \
   TESSERA_VIEW_OPS(X) TESSERA_SHAPE_OPS(X) TESSERA_INDEX_OPS(X)
 
-namespace tessera {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
 
 /// The id of every built-in op, in table order. User ops (register_sharding) are named by
 /// strings and get ids after OpId::count.

@@ -6,9 +6,10 @@
 #include <array>
 #include <cstdint>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// The Philox 4x32-10 block function (Salmon et al., SC'11): 10 rounds over a 128-bit counter
 /// with a 64-bit key. Pure.

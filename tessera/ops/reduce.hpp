@@ -4,10 +4,11 @@
 #include <optional>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/values_indices.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Sum; integer and bool inputs accumulate and return i64, f16/bf16 accumulate in f32.
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims = {}, bool keepdim = false);

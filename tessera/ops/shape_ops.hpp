@@ -2,9 +2,10 @@
 // Free-function forms of the views (the same as the Tensor methods), and joins/splits.
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 inline Tensor reshape(const Tensor& x, const Shape& shape) { return x.reshape(shape); }
 inline Tensor view(const Tensor& x, const Shape& shape) { return x.view(shape); }

@@ -3,10 +3,11 @@
 // element along dim 0 or -1. Throws ValueError naming the op and the shape for a dim out of range.
 #include <cstdint>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/values_indices.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Running sum / product along dim. Integer and b8 inputs give i64 (as PyTorch), floating inputs
 /// keep their dtype (f16/bf16 accumulate in f32).

@@ -1,10 +1,12 @@
 #pragma once
 // The engine's gradient arithmetic on Tensor (grad/engine.hpp, GradOps), defined by the ops layer
 // (ops/elementwise.cpp, ops/reduce.cpp). Include it wherever a Tensor node is recorded.
+#include <tessera/core/export.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/grad/engine.hpp>
 
-namespace tessera::autograd {
+namespace tessera TESSERA_API {
+namespace autograd {
 
 template <>
 struct GradOps<Tensor> {
@@ -13,4 +15,5 @@ struct GradOps<Tensor> {
   static Tensor sum_to(const Tensor& grad, const Shape& shape);
 };
 
-}  // namespace tessera::autograd
+}  // namespace autograd
+}  // namespace tessera

@@ -2,7 +2,9 @@
 // The result of a reduction that also says where: max/min along a dim, sort, topk (Tensor and
 // DTensor). Use with structured bindings: `auto [values, indices] = topk(x, 3);`.
 
-namespace tessera {
+#include <tessera/core/export.hpp>
+
+namespace tessera TESSERA_API {
 
 template <class T>
 struct ValuesIndices {

@@ -6,9 +6,10 @@
 #include <functional>
 #include <memory>
 
+#include <tessera/core/export.hpp>
 #include <tessera/comm/communicator.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Runs body as N ranks and returns the process exit status (0 on success). Threads backend:
 /// N from `--ranks N` in argv or TESSERA_RANKS (default 4). MPI backend (under mpirun, or

@@ -1,5 +1,5 @@
 #pragma once
-// Direct block exchange (DESIGN.md §3, family 2): every destination block is assembled from
+// Direct block exchange (the planner's second family of plans): every destination block is assembled from
 // the source blocks that overlap it, each piece taken from one rank that holds it. Pure. The
 // redistribute planner costs it against per-mesh-dim collective plans; the dtensor layer runs
 // it as one all_to_all_v.
@@ -7,9 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/sharding/layout.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// One box of the global tensor moving from the rank that holds it to a rank that needs it
 /// (src_rank == dst_rank: a local copy). Ranks are world ranks. Value type.

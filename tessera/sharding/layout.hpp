@@ -7,12 +7,13 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/shape.hpp>
 #include <tessera/mesh/mesh_spec.hpp>
 #include <tessera/sharding/placement.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// A box of the global index space: [begin[d], end[d]) per tensor dim. Value type.
 /// Example: `[0:3, 0:2]`.

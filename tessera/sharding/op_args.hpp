@@ -5,10 +5,11 @@
 #include <string>
 #include <variant>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/scalar.hpp>
 #include <tessera/core/shape.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Where an elementwise op's Scalar operand sits: `x op s` (right) or `s op x` (left).
 enum class ScalarSlot : uint8_t { none, right, left };

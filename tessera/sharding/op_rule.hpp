@@ -1,5 +1,5 @@
 #pragma once
-// Sharding rules of ops as data (DESIGN.md §4, STYLE.md §6). Pure: metadata only.
+// Sharding rules of ops as data (docs/architecture.md: the life of one DTensor op). Pure: metadata only.
 //
 // A rule lists candidate strategies: the placements every input must have and the placements of
 // the output they give. Most ops are written in factor (einsum-like) notation: every operand dim
@@ -14,10 +14,11 @@
 #include <string_view>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/reduce_op.hpp>
 #include <tessera/sharding/layout.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// A factor id in a FactorRule that means "no factor": the dim stays unsharded (a broadcast dim
 /// of size 1, a new dim, a dim the op needs whole).

@@ -15,12 +15,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/shape.hpp>
 #include <tessera/ops/op_table.hpp>
 #include <tessera/sharding/op_args.hpp>
 #include <tessera/sharding/op_rule.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Candidates of an op for these inputs and arguments.
 using ShardingRuleFn =

@@ -8,9 +8,10 @@
 #include <variant>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/core/reduce_op.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Tensor dim `dim` is split over the mesh dim (chunk semantics, or explicit sizes in a Layout).
 /// Example: `S(0)`.

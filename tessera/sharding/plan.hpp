@@ -1,5 +1,5 @@
 #pragma once
-// The redistribute planner (DESIGN.md §3). Pure: from two layouts it finds the cheapest way to
+// The redistribute planner. Pure: from two layouts it finds the cheapest way to
 // move data, as a printable list of steps with their cost; the dtensor layer runs the steps.
 //
 // Two families compete: per-mesh-dim collective steps (all_gather, all_to_all, reduce_scatter,
@@ -10,10 +10,11 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/sharding/block_exchange.hpp>
 #include <tessera/sharding/layout.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 #define TESSERA_FORALL_PLAN_STEPS(_) \
   _(local_chunk)                     \

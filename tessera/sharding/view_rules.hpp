@@ -6,9 +6,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/sharding/op_rule.hpp>
 
-namespace tessera {
+namespace tessera TESSERA_API {
 
 /// Dims reordered: result dim j is input dim dims[j]. Shard orders and sizes follow their dims.
 /// `dims` must be a permutation of the input's dims (the caller validates).

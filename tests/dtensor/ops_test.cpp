@@ -8,7 +8,7 @@
 #include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/dtensor/dispatch.hpp>
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/dtensor/redistribute.hpp>
+#include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/ops/ops.hpp>
 
 #include "placement_sweep.hpp"

@@ -4,9 +4,11 @@
 #include <memory>
 #include <string>
 
+#include <tessera/core/export.hpp>
 #include <tessera/comm/communicator.hpp>
 
-namespace tessera::mpi {
+namespace tessera TESSERA_API {
+namespace mpi {
 
 /// True when Tessera was built with MPI.
 bool is_available();
@@ -21,4 +23,5 @@ void finalize();
 /// unblock its peers otherwise.
 [[noreturn]] void abort(int code, const std::string& reason);
 
-}  // namespace tessera::mpi
+}  // namespace mpi
+}  // namespace tessera

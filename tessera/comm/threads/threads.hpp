@@ -6,9 +6,11 @@
 #include <string>
 #include <vector>
 
+#include <tessera/core/export.hpp>
 #include <tessera/comm/communicator.hpp>
 
-namespace tessera::threads {
+namespace tessera TESSERA_API {
+namespace threads {
 
 /// Always true: the threads backend needs nothing outside the process.
 bool is_available();
@@ -21,4 +23,5 @@ std::vector<std::shared_ptr<Communicator>> make_world(int nranks);
 /// throws CommError naming `reason`. The first reason is kept.
 void abort_world(const Communicator& comm, const std::string& reason);
 
-}  // namespace tessera::threads
+}  // namespace threads
+}  // namespace tessera

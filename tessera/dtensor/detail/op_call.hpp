@@ -4,7 +4,7 @@
 #include <optional>
 #include <span>
 
-#include <tessera/dtensor/dispatch.hpp>
+#include <tessera/dtensor/detail/dispatch.hpp>
 
 namespace tessera::detail {
 

@@ -1,11 +1,13 @@
 #pragma once
 // Knobs of the MPI backend and its choice of algorithm per call: MPI's own collective or
 // Tessera's point-to-point algorithms. Pure (no MPI): built with and without MPI, so the tests
-// of the choice link in every configuration. Internal: not installed.
+// of the choice link in every configuration. Internal: not installed; exported (TESSERA_API)
+// only so the backend's tests and the tuning benchmark can set and observe the choice.
 #include <cstdint>
 #include <string_view>
 
 #include <tessera/comm/collective.hpp>
+#include <tessera/core/export.hpp>
 
 namespace tessera::mpi::detail {
 
@@ -18,7 +20,7 @@ enum class Algorithm : uint8_t {
 };
 
 /// "local", "library", "ring", "pairwise".
-std::string_view name(Algorithm algorithm);
+TESSERA_API std::string_view name(Algorithm algorithm);
 
 /// The knobs, read once from the environment; tests override them with set_tuning (on every
 /// rank alike: the choice must agree across the group).
@@ -43,21 +45,21 @@ struct Tuning {
 };
 
 /// The defaults (measured, see tuning.cpp) with the environment's overrides applied.
-Tuning default_tuning();
+TESSERA_API Tuning default_tuning();
 /// The knobs in force (a copy; thread-safe).
-Tuning tuning();
+TESSERA_API Tuning tuning();
 /// Replaces the knobs. Throws ValueError if a size is not positive.
-void set_tuning(const Tuning& tuning);
+TESSERA_API void set_tuning(const Tuning& tuning);
 
 /// Pure: the algorithm for a call of `kind` on a group of `group_size` ranks moving `bytes`
 /// (the whole buffer: all_reduce's buffer, reduce_scatter's send, all_gather's recv,
 /// all_to_all's send) whose MPI library call would need counts or displacements up to
 /// `library_elements`. Every rank of a group computes the same choice from the same inputs.
-Algorithm choose_algorithm(CollectiveKind kind, int64_t bytes, int64_t library_elements, int group_size,
+TESSERA_API Algorithm choose_algorithm(CollectiveKind kind, int64_t bytes, int64_t library_elements, int group_size,
                            const Tuning& tuning);
 
 /// Testing aid: the algorithm of the most recent collective of this process.
-Algorithm last_algorithm();
-void note_algorithm(Algorithm algorithm);
+TESSERA_API Algorithm last_algorithm();
+TESSERA_API void note_algorithm(Algorithm algorithm);
 
 }  // namespace tessera::mpi::detail
