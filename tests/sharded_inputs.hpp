@@ -41,7 +41,7 @@ inline DTensor make_input(const Tensor& global, const DeviceMesh& mesh, const Pl
   for (int64_t m = 0; m < mesh.ndim(); ++m) {
     if (!is_partial(placements[static_cast<size_t>(m)])) continue;
     const int64_t k = mesh.size(m), c = coordinate[static_cast<size_t>(m)];
-    local = c == 0 ? add(local, Scalar(static_cast<double>(-(k * (k - 1) / 2)))) : full(local.shape(), static_cast<double>(c));
+    local = c == 0 ? add(local, Scalar(static_cast<double>(-(k * (k - 1) / 2)))) : full(local.shape(), static_cast<double>(c), local.dtype());
   }
   return DTensor(local, mesh, layout);
 }

@@ -12,6 +12,7 @@
 #include <tessera/core/export.hpp>
 #include <tessera/core/scalar.hpp>
 #include <tessera/dtensor/dtensor.hpp>
+#include <tessera/ops/attention.hpp>
 #include <tessera/ops/einsum.hpp>
 #include <tessera/ops/nn.hpp>
 #include <tessera/ops/op_table.hpp>
@@ -145,6 +146,15 @@ DTensor nll_loss(const DTensor& log_probs, const DTensor& target, int64_t ignore
                  Reduction reduction = Reduction::mean);
 /// Mean (sum, none) of (input - target)^2.
 DTensor mse_loss(const DTensor& input, const DTensor& target, Reduction reduction = Reduction::mean);
+/// scaled_dot_product_attention on DTensors (the Tensor op's arguments and errors): the batch and
+/// head dims shard together on q, k, v (and the mask); q's sequence dim L may be sharded too (each
+/// rank attends with its rows, and k's and v's gradients come back P(sum) over those ranks); k's
+/// and v's sequence dim S and the feature dims are needed whole. Causal masking and dropout use
+/// global positions, so the result equals the unsharded op on any mesh (dropout: bit for bit the
+/// same keep-mask, one draw from the calling thread's generator).
+DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v,
+                                     const std::optional<DTensor>& attn_mask = std::nullopt, double dropout_p = 0.0,
+                                     bool is_causal = false, std::optional<double> scale = std::nullopt);
 
 // --- views: sharding kept where the sharded dim maps cleanly, else a planned redistribution ----
 DTensor reshape(const DTensor& x, const Shape& shape);  ///< one -1 allowed

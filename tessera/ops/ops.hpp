@@ -1,5 +1,6 @@
 #pragma once
 // All local ops.
+#include <tessera/ops/attention.hpp>
 #include <tessera/ops/einsum.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/indexing.hpp>

@@ -408,6 +408,35 @@ void register_builtin_rules(RuleRegistry& registry) {
                                    return b.input(logits).input(rest).output(rest).keep_partial({0}, ReduceOp::sum).build();
                                  }));
 
+  // scaled_dot_product_attention: q "...le", k "...se", v "...sf", mask broadcast to "...ls" ->
+  // "...lf". Batch/head dims and q's rows shard; the keys' sequence s and the features are whole
+  // (the softmax runs over s; e and f are not contracted into a Partial through it).
+  registry.set(OpId::scaled_dot_product_attention,
+               factor_rule_of(OpId::scaled_dot_product_attention, [](const std::vector<const Layout*>& in, const OpArgs&) {
+                 FactorRuleBuilder b;
+                 const Factors batch = b.shardable(in[0]->ndim() - 2);
+                 const Factor l = b.shardable(), s = b.whole(), e = b.whole(), f = b.whole();
+                 const auto with = [&](Factor x, Factor y) {
+                   Factors dims = batch;
+                   dims.push_back(x);
+                   dims.push_back(y);
+                   return dims;
+                 };
+                 b.input(with(l, e)).input(with(s, e)).input(with(s, f));
+                 if (in.size() == 4) {
+                   const Factors scores = with(l, s);
+                   const Shape& mask = in[3]->global_shape();
+                   Factors dims;
+                   for (int64_t d = 0; d < mask.size(); ++d) {
+                     const int64_t j = d + static_cast<int64_t>(scores.size()) - mask.size();
+                     const int64_t size = j < in[0]->ndim() - 1 ? in[0]->global_shape()[j] : in[1]->global_shape()[j - 1];
+                     dims.push_back(mask[d] == size ? scores[static_cast<size_t>(j)] : Factor::none());
+                   }
+                   b.input(dims);
+                 }
+                 return b.output(with(l, f)).build();
+               }));
+
   // Backward ops (autograd). embedding_backward: weight "vd" (its layout only), grad "i...d",
   // indices "i..." -> "vd": a sharded i is contracted (Partial(sum)), a sharded vocabulary keeps
   // the weight's sharding (each rank adds the rows it holds). Linear in the gradient.

@@ -1,0 +1,390 @@
+// Fused scaled dot-product attention on CPU.
+//
+// Forward (per batch entry): query rows in blocks of kRows, keys in blocks of kCols. For a tile
+// the scores S = scale * Q_i K_j^T (+ mask) come from one gemm; the online softmax keeps per row
+// the running max m and the running sum l of exp(S - m), rescaling the accumulator O_i when m
+// grows; O_i += P_ij V_j is the second gemm. Memory beyond the operands: one kRows x kCols tile.
+// The rows' log-sum-exp m + log(l) is kept for the backward.
+//
+// Backward (flash-attention's): with D_i = rowsum(dO_i * O_i) and P_ij = exp(S_ij - lse_i)
+// recomputed per tile, dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P * (dP - D_i),
+// dQ_i += scale * dS K_j, dK_j += scale * dS^T Q_i. Dropout multiplies P by the keep-mask Z / (1-p)
+// where the forward did (in O and dV) and dP by it; D_i is unchanged since sum_j P Z dO.V = dO.O.
+//
+// Everything is computed in f32 (f64 for f64 inputs) with OpenBLAS gemms on the tiles.
+#include <tessera/ops/attention.hpp>
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <tessera/core/error.hpp>
+#include <tessera/core/grad_mode.hpp>
+#include <tessera/grad/engine.hpp>
+#include <tessera/ops/detail/attention_kernel.hpp>
+#include <tessera/ops/shape_ops.hpp>
+#include <tessera/ops/tensor_grad_ops.hpp>
+
+namespace tessera {
+
+namespace {
+
+constexpr int64_t kRows = 64;
+constexpr int64_t kCols = 128;
+
+// Row-major C = alpha * op(A) op(B) + beta * C.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+
+DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+// The batch dims of a [batch..., L, X] shape.
+Shape batch_of(const Shape& s) {
+  Shape b;
+  for (int64_t d = 0; d + 2 < s.size(); ++d) b.push_back(s[d]);
+  return b;
+}
+
+// The scores of one batch entry, a tile at a time: scale * Q K^T, then the causal mask and the
+// attention mask, as -inf (masked) or added values.
+template <class C>
+class Scores {
+ public:
+  Scores(const detail::AttentionCall& call, const Shape& local_scores)
+      : call_(call), nd_(local_scores.size()), L_(local_scores[nd_ - 2]), S_(local_scores[nd_ - 1]) {
+    if (call.mask) {
+      // The mask in a compact dtype, broadcast to the local scores (stride 0 where it repeats).
+      mask_ = call.mask->dtype() == DType::b8 ? *call.mask : call.mask->to(compute_dtype(call.mask->dtype()));
+      mask_ = mask_.expand(local_scores);
+      is_bool_ = mask_.dtype() == DType::b8;
+      batch_offsets_ = offsets_of_batches(local_scores, mask_.strides());
+    }
+    batches_ = 1;
+    for (int64_t d = 0; d + 2 < nd_; ++d) batches_ *= local_scores[d];
+    if (call.dropout_p > 0) keep_scale_ = static_cast<C>(1.0 / (1.0 - call.dropout_p));
+  }
+
+  int64_t batches() const { return batches_; }
+
+  // The global row of local row i, and column of local column j.
+  int64_t row0() const { return call_.origin[nd_ - 2]; }
+  int64_t col0() const { return call_.origin[nd_ - 1]; }
+
+  // Whether the tile starting at column j0 lies wholly above the causal diagonal of rows ending at i_last.
+  bool skipped(int64_t i_last, int64_t j0) const { return call_.is_causal && col0() + j0 > row0() + i_last; }
+
+  // tile[r, c] for rows i0.., columns j0..: scale * q_r . k_c, masked.
+  void fill(int64_t b, const C* q, const C* k, int64_t e, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+            C* tile) const {
+    gemm(false, true, rows, cols, e, static_cast<C>(call_.scale), q + i0 * e, e, k + j0 * e, e, C(0), tile, cols);
+    const C minus_inf = -std::numeric_limits<C>::infinity();
+    if (call_.is_causal) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          if (col0() + j0 + c > row0() + i0 + r) tile[r * cols + c] = minus_inf;
+    }
+    if (!mask_.defined()) return;
+    const Strides& st = mask_.strides();
+    const int64_t sl = st[nd_ - 2], ss = st[nd_ - 1];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t base = batch_offsets_[static_cast<size_t>(b)] + (i0 + r) * sl + j0 * ss;
+      C* row = tile + r * cols;
+      if (is_bool_) {
+        const bool* m = mask_.data<bool>();
+        for (int64_t c = 0; c < cols; ++c)
+          if (!m[base + c * ss]) row[c] = minus_inf;
+      } else {
+        const C* m = mask_.data<C>();
+        for (int64_t c = 0; c < cols; ++c) row[c] += m[base + c * ss];
+      }
+    }
+  }
+
+  // The dropout keep-mask of the tile (empty when there is no dropout): the same block of the
+  // global draw whatever the sharding.
+  Tensor keep(int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols, const Shape& local_scores) const {
+    if (call_.dropout_p <= 0) return Tensor();
+    Shape begin = call_.origin, block = Shape::filled(nd_, 1);
+    int64_t rest = b;
+    for (int64_t d = nd_ - 3; d >= 0; --d) {
+      begin[d] += rest % local_scores[d];
+      rest /= local_scores[d];
+    }
+    begin[nd_ - 2] += i0;
+    begin[nd_ - 1] += j0;
+    block[nd_ - 2] = rows;
+    block[nd_ - 1] = cols;
+    return random_block(call_.draw, call_.scores_shape, begin, block);
+  }
+
+  C keep_scale() const { return keep_scale_; }
+  int64_t L() const { return L_; }
+  int64_t S() const { return S_; }
+
+ private:
+  // Element offset of each batch entry in a tensor with these strides.
+  static std::vector<int64_t> offsets_of_batches(const Shape& shape, const Strides& strides) {
+    std::vector<int64_t> offsets{0};
+    for (int64_t d = 0; d + 2 < shape.size(); ++d) {
+      std::vector<int64_t> next;
+      for (int64_t base : offsets)
+        for (int64_t i = 0; i < shape[d]; ++i) next.push_back(base + i * strides[d]);
+      offsets = std::move(next);
+    }
+    return offsets;
+  }
+
+  const detail::AttentionCall& call_;
+  int64_t nd_, L_, S_;
+  Tensor mask_;
+  bool is_bool_ = false;
+  std::vector<int64_t> batch_offsets_;
+  int64_t batches_ = 1;
+  C keep_scale_ = 1;
+};
+
+template <class C>
+void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const detail::AttentionCall& call, Tensor& out,
+                    Tensor& lse) {
+  const int64_t nd = q.ndim(), L = q.shape()[nd - 2], E = q.shape()[nd - 1], S = k.shape()[nd - 2],
+                F = v.shape()[nd - 1];
+  Shape local_scores = batch_of(q.shape());
+  local_scores.push_back(L);
+  local_scores.push_back(S);
+  const Scores<C> scores(call, local_scores);
+  const C* qd = q.data<C>();
+  const C* kd = k.data<C>();
+  const C* vd = v.data<C>();
+  C* od = out.data<C>();
+  C* ld = lse.data<C>();
+  const C minus_inf = -std::numeric_limits<C>::infinity();
+  std::vector<C> tile(static_cast<size_t>(kRows * kCols)), m(kRows), l(kRows), acc(static_cast<size_t>(kRows * F));
+  for (int64_t b = 0; b < scores.batches(); ++b) {
+    const C* qb = qd + b * L * E;
+    const C* kb = kd + b * S * E;
+    const C* vb = vd + b * S * F;
+    for (int64_t i0 = 0; i0 < L; i0 += kRows) {
+      const int64_t rows = std::min(kRows, L - i0);
+      std::fill(m.begin(), m.end(), minus_inf);
+      std::fill(l.begin(), l.end(), C(0));
+      std::fill(acc.begin(), acc.end(), C(0));
+      for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
+        const int64_t cols = std::min(kCols, S - j0);
+        scores.fill(b, qb, kb, E, i0, rows, j0, cols, tile.data());
+        const Tensor keep = scores.keep(b, i0, rows, j0, cols, local_scores);
+        for (int64_t r = 0; r < rows; ++r) {
+          C* row = tile.data() + r * cols;
+          C top = m[r];
+          for (int64_t c = 0; c < cols; ++c) top = std::max(top, row[c]);
+          if (top == minus_inf) {  // nothing to attend to yet in this row: P is 0
+            std::fill(row, row + cols, C(0));
+            continue;
+          }
+          const C rescale = std::exp(m[r] - top);
+          C total = 0;
+          for (int64_t c = 0; c < cols; ++c) {
+            row[c] = std::exp(row[c] - top);
+            total += row[c];
+          }
+          l[r] = l[r] * rescale + total;
+          m[r] = top;
+          for (int64_t f = 0; f < F; ++f) acc[r * F + f] *= rescale;
+          if (keep.defined()) {
+            const bool* z = keep.data<bool>() + r * cols;
+            for (int64_t c = 0; c < cols; ++c) row[c] = z[c] ? row[c] * scores.keep_scale() : C(0);
+          }
+        }
+        gemm(false, false, rows, F, cols, C(1), tile.data(), cols, vb + j0 * F, F, C(1), acc.data(), F);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        // A row with every score masked has l = 0: 0/0 = NaN, as softmax gives.
+        for (int64_t f = 0; f < F; ++f) od[(b * L + i0 + r) * F + f] = acc[r * F + f] / l[r];
+        ld[b * L + i0 + r] = m[r] + std::log(l[r]);
+      }
+    }
+  }
+}
+
+template <class C>
+void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     const Tensor& lse, const detail::AttentionCall& call, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const int64_t nd = q.ndim(), L = q.shape()[nd - 2], E = q.shape()[nd - 1], S = k.shape()[nd - 2],
+                F = v.shape()[nd - 1];
+  Shape local_scores = batch_of(q.shape());
+  local_scores.push_back(L);
+  local_scores.push_back(S);
+  const Scores<C> scores(call, local_scores);
+  const C scale = static_cast<C>(call.scale);
+  std::vector<C> p(static_cast<size_t>(kRows * kCols)), dp(static_cast<size_t>(kRows * kCols)), D(kRows);
+  for (int64_t b = 0; b < scores.batches(); ++b) {
+    const C* qb = q.data<C>() + b * L * E;
+    const C* kb = k.data<C>() + b * S * E;
+    const C* vb = v.data<C>() + b * S * F;
+    const C* gb = g.data<C>() + b * L * F;
+    const C* ob = out.data<C>() + b * L * F;
+    const C* lb = lse.data<C>() + b * L;
+    C* dqb = dq.data<C>() + b * L * E;
+    C* dkb = dk.data<C>() + b * S * E;
+    C* dvb = dv.data<C>() + b * S * F;
+    for (int64_t i0 = 0; i0 < L; i0 += kRows) {
+      const int64_t rows = std::min(kRows, L - i0);
+      for (int64_t r = 0; r < rows; ++r) {
+        C total = 0;
+        for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * F + f] * ob[(i0 + r) * F + f];
+        D[r] = total;
+      }
+      for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
+        const int64_t cols = std::min(kCols, S - j0);
+        scores.fill(b, qb, kb, E, i0, rows, j0, cols, p.data());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) p[r * cols + c] = std::exp(p[r * cols + c] - lb[i0 + r]);
+        const Tensor keep = scores.keep(b, i0, rows, j0, cols, local_scores);
+        // dP (of the dropped weights) = dO_i V_j^T.
+        gemm(false, true, rows, cols, F, C(1), gb + i0 * F, F, vb + j0 * F, F, C(0), dp.data(), cols);
+        if (keep.defined()) {
+          // dV_j += (P Z/(1-p))^T dO_i, with the dropped weights in dp's place for a moment.
+          std::vector<C> dropped(static_cast<size_t>(rows * cols));
+          const bool* z = keep.data<bool>();
+          for (int64_t i = 0; i < rows * cols; ++i) {
+            const C factor = z[i] ? scores.keep_scale() : C(0);
+            dropped[i] = p[i] * factor;
+            dp[i] *= factor;
+          }
+          gemm(true, false, cols, F, rows, C(1), dropped.data(), cols, gb + i0 * F, F, C(1), dvb + j0 * F, F);
+        } else {
+          gemm(true, false, cols, F, rows, C(1), p.data(), cols, gb + i0 * F, F, C(1), dvb + j0 * F, F);
+        }
+        // dS = P * (dP - D_i), into dp.
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) dp[r * cols + c] = p[r * cols + c] * (dp[r * cols + c] - D[r]);
+        gemm(false, false, rows, E, cols, scale, dp.data(), cols, kb + j0 * E, E, C(1), dqb + i0 * E, E);
+        gemm(true, false, cols, E, rows, scale, dp.data(), cols, qb + i0 * E, E, C(1), dkb + j0 * E, E);
+      }
+    }
+  }
+}
+
+// The operand in the compute dtype, contiguous.
+Tensor compute_copy(const Tensor& t) { return t.to(compute_dtype(t.dtype())).contiguous(); }
+
+}  // namespace
+
+Shape attention_output_shape(const AttentionOperands& o, double dropout_p, bool is_causal, const char* op) {
+  const auto shapes = [&] {
+    return detail::concat("q ", o.q.to_string(), ", k ", o.k.to_string(), ", v ", o.v.to_string(),
+                  o.mask ? ", attn_mask " + o.mask->to_string() : std::string());
+  };
+  TESSERA_CHECK(is_floating(o.dtype), ValueError, op, "unsupported dtype ", name(o.dtype),
+                "; expected a floating dtype (f32, f64, f16, bf16)");
+  TESSERA_CHECK(o.k_dtype == o.dtype && o.v_dtype == o.dtype, ValueError, op, "q, k and v differ in dtype (",
+                name(o.dtype), ", ", name(o.k_dtype), ", ", name(o.v_dtype), ")");
+  const int64_t nd = o.q.size();
+  TESSERA_CHECK(nd >= 2 && o.k.size() == nd && o.v.size() == nd, ValueError, op, "shapes ", shapes(),
+                ": expected q [..., L, E], k [..., S, E], v [..., S, Ev] with the same number of dims (at least 2)");
+  TESSERA_CHECK(batch_of(o.q) == batch_of(o.k) && batch_of(o.q) == batch_of(o.v), ValueError, op, "shapes ",
+                shapes(), ": the leading (batch, head) dims of q, k and v differ");
+  TESSERA_CHECK(o.q[nd - 1] == o.k[nd - 1], ValueError, op, "shapes ", shapes(), ": q and k differ in the last dim E");
+  TESSERA_CHECK(o.k[nd - 2] == o.v[nd - 2], ValueError, op, "shapes ", shapes(),
+                ": k and v differ in the sequence dim S");
+  TESSERA_CHECK(dropout_p >= 0 && dropout_p < 1, ValueError, op, "dropout_p = ", dropout_p,
+                " is outside [0, 1); expected 0 <= p < 1");
+  if (o.mask) {
+    TESSERA_CHECK(!is_causal, ValueError, op, "is_causal and attn_mask were both given; pass one of them");
+    TESSERA_CHECK(o.mask_dtype == DType::b8 || o.mask_dtype == o.dtype, ValueError, op, "attn_mask dtype ",
+                  name(o.mask_dtype), ": expected b8 (true = attend) or q's dtype ", name(o.dtype),
+                  " (added to the scores)");
+    Shape scores = batch_of(o.q);
+    scores.push_back(o.q[nd - 2]);
+    scores.push_back(o.k[nd - 2]);
+    bool fits = o.mask->size() <= scores.size();
+    for (int64_t d = 0; fits && d < o.mask->size(); ++d) {
+      const int64_t m = (*o.mask)[o.mask->size() - 1 - d];
+      fits = m == 1 || m == scores[scores.size() - 1 - d];
+    }
+    TESSERA_CHECK(fits, ValueError, op, "shapes ", shapes(), ": attn_mask does not broadcast to the scores ",
+                  scores.to_string());
+  }
+  Shape out = o.q;
+  out[nd - 1] = o.v[nd - 1];
+  return out;
+}
+
+Tensor detail::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call,
+                                 Tensor& lse) {
+  const Tensor qc = compute_copy(q), kc = compute_copy(k), vc = compute_copy(v);
+  const DType c = qc.dtype();
+  Shape out_shape = q.shape();
+  out_shape[out_shape.size() - 1] = v.shape()[v.ndim() - 1];
+  Tensor out = empty(out_shape, c);
+  Shape lse_shape = batch_of(q.shape());
+  lse_shape.push_back(q.shape()[q.ndim() - 2]);
+  lse = empty(lse_shape, c);
+  if (c == DType::f64) forward_kernel<double>(qc, kc, vc, call, out, lse);
+  else forward_kernel<float>(qc, kc, vc, call, out, lse);
+  return out.to(q.dtype());
+}
+
+std::array<Tensor, 3> detail::attention_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
+                                                 const Tensor& out, const Tensor& lse, const AttentionCall& call) {
+  const Tensor gc = compute_copy(g), qc = compute_copy(q), kc = compute_copy(k), vc = compute_copy(v),
+               oc = compute_copy(out);
+  const DType c = qc.dtype();
+  Tensor dq = zeros(q.shape(), c), dk = zeros(k.shape(), c), dv = zeros(v.shape(), c);
+  if (c == DType::f64) backward_kernel<double>(gc, qc, kc, vc, oc, lse, call, dq, dk, dv);
+  else backward_kernel<float>(gc, qc, kc, vc, oc, lse, call, dq, dk, dv);
+  return {dq.to(q.dtype()), dk.to(k.dtype()), dv.to(v.dtype())};
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const std::optional<Tensor>& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale) {
+  constexpr const char* op = "scaled_dot_product_attention";
+  TESSERA_CHECK(q.defined() && k.defined() && v.defined() && (!attn_mask || attn_mask->defined()), ValueError, op,
+                "an operand is undefined");
+  AttentionOperands operands{q.shape(), k.shape(), v.shape(), q.dtype(), k.dtype(), v.dtype(), std::nullopt};
+  if (attn_mask) {
+    operands.mask = attn_mask->shape();
+    operands.mask_dtype = attn_mask->dtype();
+    TESSERA_CHECK(!attn_mask->requires_grad(), ValueError, op,
+                  "attn_mask requires a gradient, which this op does not give; pass attn_mask.detach()");
+  }
+  attention_output_shape(operands, dropout_p, is_causal, op);
+  detail::AttentionCall call;
+  call.mask = attn_mask ? &*attn_mask : nullptr;
+  call.is_causal = is_causal;
+  call.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.shape()[q.ndim() - 1]));
+  call.dropout_p = dropout_p;
+  call.scores_shape = batch_of(q.shape());
+  call.scores_shape.push_back(q.shape()[q.ndim() - 2]);
+  call.scores_shape.push_back(k.shape()[k.ndim() - 2]);
+  call.origin = Shape::filled(call.scores_shape.size(), 0);
+  if (dropout_p > 0) call.draw = default_generator().next(Distribution::bernoulli, 1.0 - dropout_p, 0, DType::b8);
+  Tensor lse;
+  Tensor out = detail::attention_forward(q, k, v, call, lse);
+  if (autograd::needs_grad<Tensor>({&q, &k, &v})) {
+    const std::optional<Tensor> mask = attn_mask ? std::optional<Tensor>(attn_mask->detach()) : std::nullopt;
+    autograd::record<Tensor>(op, out, {&q, &k, &v},
+                             [q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse, mask,
+                              call](const Tensor& g) mutable {
+                               call.mask = mask ? &*mask : nullptr;
+                               const auto grads = detail::attention_backward(g, q, k, v, o, lse, call);
+                               return std::vector<Tensor>{grads[0], grads[1], grads[2]};
+                             });
+  }
+  return out;
+}
+
+}  // namespace tessera
