@@ -28,6 +28,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -134,6 +135,33 @@ void BM_cblas_sgemm(benchmark::State& state) {
   set_gflops(state, n);
 }
 
+// Attention over 4 heads of 64 features, L = S = arg: the fused kernel against the composition
+// it replaces (softmax(q k^T / sqrt(64)) v through matmul and softmax, which forms each head's
+// [L, S] scores), causal, forward only.
+constexpr int64_t kHeads = 4, kHeadDim = 64;
+
+void BM_sdpa_fused(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const Tensor q = random_tensor({kHeads, n, kHeadDim}), k = random_tensor({kHeads, n, kHeadDim}),
+               v = random_tensor({kHeads, n, kHeadDim});
+  for (auto _ : state) {
+    Tensor out = tessera::scaled_dot_product_attention(q, k, v, std::nullopt, 0, true);
+    benchmark::DoNotOptimize(out.raw_data());
+  }
+}
+
+void BM_sdpa_composite(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  const Tensor q = random_tensor({kHeads, n, kHeadDim}), k = random_tensor({kHeads, n, kHeadDim}),
+               v = random_tensor({kHeads, n, kHeadDim});
+  const Tensor masked = tessera::logical_not(tessera::tril(tessera::ones({n, n}, tessera::DType::b8)));
+  for (auto _ : state) {
+    const Tensor scores = tessera::mul(tessera::matmul(q, k.transpose(-2, -1)), 1.0 / 8.0);
+    Tensor out = tessera::matmul(tessera::softmax(tessera::masked_fill(scores, masked, -INFINITY), -1), v);
+    benchmark::DoNotOptimize(out.raw_data());
+  }
+}
+
 void configure(benchmark::internal::Benchmark* bench) {
   bench->MinTime(kMinTime)->Repetitions(kRepetitions)->DisplayAggregatesOnly();
   bench->Unit(benchmark::kMicrosecond);
@@ -145,6 +173,8 @@ BENCHMARK(BM_mul)->Apply(configure)->Arg(kSmall)->Arg(kLarge);
 BENCHMARK(BM_sum)->Apply(configure)->Arg(kSmall)->Arg(kLarge);
 BENCHMARK(BM_matmul)->Apply(configure)->Arg(128)->Arg(256)->Arg(512)->Arg(1024);
 BENCHMARK(BM_cblas_sgemm)->Apply(configure)->Arg(128)->Arg(256)->Arg(512)->Arg(1024);
+BENCHMARK(BM_sdpa_fused)->Apply(configure)->Arg(256)->Arg(1024)->Arg(2048);
+BENCHMARK(BM_sdpa_composite)->Apply(configure)->Arg(256)->Arg(1024)->Arg(2048);
 
 // --- the ratio table ----------------------------------------------------------------------------
 
@@ -236,6 +266,17 @@ void print_table(const RatioReporter& r) {
     const char* goal = n < 512 ? "" : !q ? "-" : *q >= 0.95 ? "met" : "MISSED";
     std::printf("  %5lld %16s %16s %7s %6s\n", static_cast<long long>(n), fixed(gflops(mine), "%.1f").c_str(),
                 fixed(gflops(blas), "%.1f").c_str(), fixed(q, "%.3f").c_str(), goal);
+  }
+  std::printf("\nscaled_dot_product_attention f32, %lld heads x L x %lld, causal: ratio = time(composite) / time(fused)\n",
+              static_cast<long long>(kHeads), static_cast<long long>(kHeadDim));
+  std::printf("  %5s %12s %15s %7s %18s\n", "L=S", "fused ms", "composite ms", "ratio", "scores not formed");
+  for (int64_t n : {256, 1024, 2048}) {
+    const auto fused = r.seconds("BM_sdpa_fused", n);
+    const auto composite = r.seconds("BM_sdpa_composite", n);
+    std::printf("  %5lld %12s %15s %7s %15lldMiB\n", static_cast<long long>(n),
+                fixed(fused ? std::optional(*fused * 1e3) : std::nullopt, "%.2f").c_str(),
+                fixed(composite ? std::optional(*composite * 1e3) : std::nullopt, "%.2f").c_str(),
+                fixed(ratio(composite, fused), "%.2f").c_str(), static_cast<long long>(kHeads * n * n * kF32 >> 20));
   }
   std::fflush(stdout);
 }
