@@ -1,11 +1,20 @@
 // Distributed gradients equal single-device gradients: every differentiable op on DTensor leaves
 // with placements from {R, S(d), P(sum)} on the meshes [4], 2x2 and 2x3 (even, uneven and empty
 // shards) gives each leaf the gradient the Tensor op gives the unsharded input, in the leaf's
-// layout (Partial -> Replicate). Then the adjoints of redistributions, counted with CommDebugMode,
-// and grad_placements on to_local / full_tensor / from_local.
+// layout (Partial -> Replicate). Each op on its input shapes is one value-parameterized test
+// (DTensorGradOf) named from its canonical text, e.g.
+// Reductions/DTensorGradOf.EqualsTheUnshardedGradient/sum_5_4_dims_0_keepdim_true. Then the
+// adjoints of redistributions, counted with CommDebugMode, and grad_placements on to_local /
+// full_tensor / from_local.
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <functional>
+#include <map>
+#include <ostream>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include <tessera/autograd/gradcheck.hpp>
 #include <tessera/debug/comm_debug_mode.hpp>
@@ -61,14 +70,75 @@ Tensor weights_like(const Shape& shape) {
 using DOp = std::function<DTensor(const std::vector<DTensor>&)>;
 using LOp = std::function<Tensor(const std::vector<Tensor>&)>;
 
-struct Case {
-  std::vector<Tensor> globals;
-  bool partial = true;
+// One op on one set of unsharded inputs. A case is made before any rank starts (only local Tensors
+// then; whatever needs a mesh or a rank happens inside dop, on the ranks) and outlives the loop
+// that made it: its lambdas hold what they use by value.
+struct GradCase {
+  std::string op;               // the op(s) under test, e.g. "amax amin"
+  std::vector<Tensor> globals;  // the unsharded inputs (integer ones stay Replicate, no gradient)
+  DOp dop;
+  LOp lop;
+  std::string args;        // what tells cases of one op apart, e.g. "dims=[0] keepdim=true"
+  bool partial = true;     // P(sum) among the leaves' placements
   size_t max_combos = 40;  // a deterministic sample of the placement combinations per mesh
+  std::string name;        // the canonical text: op, input shapes, args (set by named())
 };
 
+// What gtest prints for a parameter (instead of the bytes of the struct).
+void PrintTo(const GradCase& c, std::ostream* os) { *os << c.name; }
+
+GradCase grad_case(std::string op, std::vector<Tensor> globals, DOp dop, LOp lop, std::string args = "") {
+  GradCase c;
+  c.op = std::move(op);
+  c.globals = std::move(globals);
+  c.dop = std::move(dop);
+  c.lop = std::move(lop);
+  c.args = std::move(args);
+  return c;
+}
+
+// A case whose DTensor and Tensor functions are the same expression: `f` is a generic lambda.
+template <class F>
+GradCase same_op(std::string op, std::vector<Tensor> globals, F f, std::string args = "") {
+  return grad_case(std::move(op), std::move(globals), DOp(f), LOp(f), std::move(args));
+}
+
+// Every run of characters outside [A-Za-z0-9] becomes one '_', none at either end.
+std::string identifier(const std::string& text) {
+  std::string out;
+  for (const char ch : text) {
+    if (std::isalnum(static_cast<unsigned char>(ch))) {
+      out += ch;
+    } else if (!out.empty() && out.back() != '_') {
+      out += '_';
+    }
+  }
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out.empty() ? std::string("case") : out;
+}
+
+// Sets each case's canonical text, "op [5, 3] [3] args". Should two cases of one list still give
+// the same test name, the later ones get " 2", " 3" (the lists below keep their names distinct).
+std::vector<GradCase> named(std::vector<GradCase> cases) {
+  std::map<std::string, int> seen;
+  for (GradCase& c : cases) {
+    c.name = c.op;
+    for (const Tensor& g : c.globals) c.name.append(" ").append(g.shape().to_string());
+    if (!c.args.empty()) c.name.append(" ").append(c.args);
+    if (const int n = ++seen[identifier(c.name)]; n > 1) c.name.append(" ").append(std::to_string(n));
+  }
+  return cases;
+}
+
+// The test name: the canonical text as an identifier, "sum [5, 4] dims=[0] keepdim=true" ->
+// sum_5_4_dims_0_keepdim_true.
+std::string case_name(const ::testing::TestParamInfo<GradCase>& info) { return identifier(info.param.name); }
+
 // loss = sum(op(leaves) * w): the leaves' gradients (full_tensor) equal the Tensor gradients.
-void check_grads(const std::string& name, const Case& c, const DOp& dop, const LOp& lop) {
+void check_grads(const GradCase& c) {
+  const std::string& name = c.name;
+  const DOp& dop = c.dop;
+  const LOp& lop = c.lop;
   std::vector<Tensor> expected;
   {
     std::vector<Tensor> inputs;
@@ -120,7 +190,7 @@ void check_grads(const std::string& name, const Case& c, const DOp& dop, const L
         EXPECT_TRUE(ok) << name << " on mesh " << mesh.to_string() << " with inputs " << text << ": gradient of input "
                         << i << (present ? " in " + grad.layout().to_string() : std::string(" missing")) << " (rank "
                         << rank() << ")\ngot " << (present ? got.to_string() : "-") << "\nexpected " << expected[i];
-        if (!ok) return;  // one report per op and mesh
+        if (!ok) return;  // one report per case: the first failing leaf, placements and mesh
       }
     }
   }
@@ -130,213 +200,147 @@ const std::vector<int> kWorlds = {4, 6};
 
 }  // namespace
 
-TEST(DTensorGrad, ElementwiseOps) {
-  for_each_world(kWorlds, [] {
-    const Tensor a = values({5, 3}, 1), b = values({5, 3}, 2), row = values({3}, 3), p = values({5, 3}, 4, true);
-    check_grads(
-        "add", {{a, b}}, [](auto& x) { return add(x[0], x[1]); }, [](auto& x) { return add(x[0], x[1]); });
-    check_grads(
-        "sub bcast", {{a, row}}, [](auto& x) { return sub(x[0], x[1]); }, [](auto& x) { return sub(x[0], x[1]); });
-    check_grads(
-        "mul", {{a, b}}, [](auto& x) { return mul(x[0], x[1]); }, [](auto& x) { return mul(x[0], x[1]); });
-    check_grads(
-        "div", {{a, p}}, [](auto& x) { return div(x[0], x[1]); }, [](auto& x) { return div(x[0], x[1]); });
-    check_grads(
-        "pow", {{p, row}}, [](auto& x) { return pow(x[0], x[1]); }, [](auto& x) { return pow(x[0], x[1]); });
-    check_grads(
-        "maximum", {{a, b}}, [](auto& x) { return maximum(x[0], x[1]); }, [](auto& x) { return maximum(x[0], x[1]); });
-    check_grads(
-        "scalars", {{a}}, [](auto& x) { return 2.0 - x[0] * 3.0 + pow(x[0], 2.0) / 4.0 + maximum(x[0], 0.1); },
-        [](auto& x) { return 2.0 - x[0] * 3.0 + pow(x[0], 2.0) / 4.0 + maximum(x[0], 0.1); });
-    check_grads(
-        "rdiv rpow", {{p}}, [](auto& x) { return div(1.5, x[0]) + pow(1.3, x[0]); },
-        [](auto& x) { return div(1.5, x[0]) + pow(1.3, x[0]); });
-    for (const auto& [name, d, l] : std::vector<
-             std::tuple<std::string, std::function<DTensor(const DTensor&)>, std::function<Tensor(const Tensor&)>>>{
-             {"exp tanh", [](const DTensor& x) { return exp(x) * tanh(x); },
-              [](const Tensor& x) { return exp(x) * tanh(x); }},
-             {"gelu silu", [](const DTensor& x) { return gelu(x) + silu(x); },
-              [](const Tensor& x) { return gelu(x) + silu(x); }},
-             {"sigmoid relu abs", [](const DTensor& x) { return sigmoid(x) * relu(x) + abs(x); },
-              [](const Tensor& x) { return sigmoid(x) * relu(x) + abs(x); }},
-             {"sin cos neg clamp", [](const DTensor& x) { return sin(x) - cos(neg(x)) + clamp(x, -0.5, 0.5); },
-              [](const Tensor& x) { return sin(x) - cos(neg(x)) + clamp(x, -0.5, 0.5); }}})
-      check_grads(
-          name, {{a}}, [d = d](auto& x) { return d(x[0]); }, [l = l](auto& x) { return l(x[0]); });
-    check_grads(
-        "log sqrt rsqrt log1p", {{p}}, [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]) + log1p(x[0]); },
-        [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]) + log1p(x[0]); });
-    check_grads(
-        "expm1 erf", {{a}}, [](auto& x) { return expm1(x[0]) * erf(x[0]); },
-        [](auto& x) { return expm1(x[0]) * erf(x[0]); });
-    const Tensor cond = gt(values({5, 3}, 5), Scalar(0.0));
-    check_grads(
-        "where", {{a, b, cond}}, [](auto& x) { return where(x[2], x[0], x[1]) + masked_fill(x[0], x[2], 1.0); },
-        [](auto& x) { return where(x[2], x[0], x[1]) + masked_fill(x[0], x[2], 1.0); });
-  });
+class DTensorGradOf : public ::testing::TestWithParam<GradCase> {};
+
+TEST_P(DTensorGradOf, EqualsTheUnshardedGradient) {
+  const GradCase& c = GetParam();
+  for_each_world(kWorlds, [&c] { check_grads(c); });
 }
 
-TEST(DTensorGrad, Reductions) {
-  for_each_world(kWorlds, [] {
-    const Tensor x = values({5, 4}, 6), p = values({5, 4}, 7, true);
-    for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{}, {0}, {1}}) {
-      for (bool keep : {false, true}) {
-        check_grads(
-            "sum", {{x}}, [&](auto& t) { return sum(t[0], dims, keep); },
-            [&](auto& t) { return sum(t[0], dims, keep); });
-        check_grads(
-            "mean", {{x}}, [&](auto& t) { return mean(t[0], dims, keep); },
-            [&](auto& t) { return mean(t[0], dims, keep); });
-        check_grads(
-            "amax amin", {{x}}, [&](auto& t) { return amax(t[0], dims, keep) + amin(t[0], dims, keep); },
-            [&](auto& t) { return amax(t[0], dims, keep) + amin(t[0], dims, keep); });
-        check_grads(
-            "prod", {{p}}, [&](auto& t) { return prod(t[0], dims, keep); },
-            [&](auto& t) { return prod(t[0], dims, keep); });
-        check_grads(
-            "var", {{x}}, [&](auto& t) { return var(t[0], dims, 1, keep); },
-            [&](auto& t) { return var(t[0], dims, 1, keep); });
-      }
+namespace {
+
+std::vector<GradCase> elementwise_cases() {
+  const Tensor a = values({5, 3}, 1), b = values({5, 3}, 2), row = values({3}, 3), p = values({5, 3}, 4, true);
+  std::vector<GradCase> cases{
+      same_op("add", {a, b}, [](auto& x) { return add(x[0], x[1]); }),
+      same_op("sub bcast", {a, row}, [](auto& x) { return sub(x[0], x[1]); }),
+      same_op("mul", {a, b}, [](auto& x) { return mul(x[0], x[1]); }),
+      same_op("div", {a, p}, [](auto& x) { return div(x[0], x[1]); }),
+      same_op("pow", {p, row}, [](auto& x) { return pow(x[0], x[1]); }),
+      same_op("maximum", {a, b}, [](auto& x) { return maximum(x[0], x[1]); }),
+      same_op("scalars", {a},
+              [](auto& x) { return 2.0 - x[0] * 3.0 + pow(x[0], 2.0) / 4.0 + maximum(x[0], 0.1); }),
+      same_op("rdiv rpow", {p}, [](auto& x) { return div(1.5, x[0]) + pow(1.3, x[0]); }),
+  };
+  for (const auto& [name, d, l] : std::vector<
+           std::tuple<std::string, std::function<DTensor(const DTensor&)>, std::function<Tensor(const Tensor&)>>>{
+           {"exp tanh", [](const DTensor& x) { return exp(x) * tanh(x); },
+            [](const Tensor& x) { return exp(x) * tanh(x); }},
+           {"gelu silu", [](const DTensor& x) { return gelu(x) + silu(x); },
+            [](const Tensor& x) { return gelu(x) + silu(x); }},
+           {"sigmoid relu abs", [](const DTensor& x) { return sigmoid(x) * relu(x) + abs(x); },
+            [](const Tensor& x) { return sigmoid(x) * relu(x) + abs(x); }},
+           {"sin cos neg clamp", [](const DTensor& x) { return sin(x) - cos(neg(x)) + clamp(x, -0.5, 0.5); },
+            [](const Tensor& x) { return sin(x) - cos(neg(x)) + clamp(x, -0.5, 0.5); }}})
+    cases.push_back(grad_case(
+        name, {a}, [d = d](auto& x) { return d(x[0]); }, [l = l](auto& x) { return l(x[0]); }));
+  cases.push_back(same_op("log sqrt rsqrt log1p", {p},
+                          [](auto& x) { return log(x[0]) + sqrt(x[0]) + rsqrt(x[0]) + log1p(x[0]); }));
+  cases.push_back(same_op("expm1 erf", {a}, [](auto& x) { return expm1(x[0]) * erf(x[0]); }));
+  const Tensor cond = gt(values({5, 3}, 5), Scalar(0.0));
+  cases.push_back(same_op("where masked_fill", {a, b, cond},
+                          [](auto& x) { return where(x[2], x[0], x[1]) + masked_fill(x[0], x[2], 1.0); }));
+  return named(std::move(cases));
+}
+
+// "dims=all" or "dims=[0]", and keepdim.
+std::string reduction_args(const std::vector<int64_t>& dims, bool keep) {
+  return (dims.empty() ? std::string("dims=all") : "dims=" + Shape(dims).to_string()) +
+         (keep ? " keepdim=true" : " keepdim=false");
+}
+
+std::vector<GradCase> reduction_cases() {
+  const Tensor x = values({5, 4}, 6), p = values({5, 4}, 7, true);
+  std::vector<GradCase> cases;
+  for (const std::vector<int64_t>& dims : std::vector<std::vector<int64_t>>{{}, {0}, {1}}) {
+    for (bool keep : {false, true}) {
+      const std::string args = reduction_args(dims, keep);
+      cases.push_back(same_op("sum", {x}, [dims, keep](auto& t) { return sum(t[0], dims, keep); }, args));
+      cases.push_back(same_op("mean", {x}, [dims, keep](auto& t) { return mean(t[0], dims, keep); }, args));
+      cases.push_back(same_op(
+          "amax amin", {x}, [dims, keep](auto& t) { return amax(t[0], dims, keep) + amin(t[0], dims, keep); }, args));
+      cases.push_back(same_op("prod", {p}, [dims, keep](auto& t) { return prod(t[0], dims, keep); }, args));
+      cases.push_back(same_op("var", {x}, [dims, keep](auto& t) { return var(t[0], dims, 1, keep); }, args));
     }
+  }
+  return named(std::move(cases));
+}
+
+std::vector<GradCase> composite_reduction_scan_sorting_cases() {
+  const Tensor a = values({5, 3}, 31), p = values({5, 3}, 32, true);
+  const Tensor index = from_vector<int64_t>({2, 0, 1, 1, 0, 2, 2, 2, 0, 1, 0, 0, 1, 2, 0}, {5, 3});
+  const Tensor rows = from_vector<int64_t>({4, 0, 4});
+  return named({
+      same_op("logsumexp", {a}, [](auto& x) { return logsumexp(x[0], {0}); }),
+      same_op("std", {a}, [](auto& x) { return tessera::std(x[0], {1}); }),
+      same_op("vector_norm", {a}, [](auto& x) { return vector_norm(x[0], 2, {0}) + vector_norm(x[0], 1, {0}); }),
+      same_op("cumsum", {a}, [](auto& x) { return cumsum(x[0], 0) + cumsum(x[0], 1); }),
+      same_op("cumprod", {p}, [](auto& x) { return cumprod(x[0], 0); }),
+      same_op("sort", {a}, [](auto& x) { return sort(x[0], 0).values; }),
+      same_op("topk", {a}, [](auto& x) { return topk(x[0], 2, 0).values; }),
+      same_op("einsum", {a, values({3, 4}, 33)}, [](auto& x) { return einsum("ij,jk->ik", x); }, "ij,jk->ik"),
+      // "k" is summed away: its gradient is a broadcast.
+      same_op("einsum", {a, values({4}, 34)}, [](auto& x) { return einsum("ij,k->ik", x); }, "ij,k->ik"),
+      same_op("gather scatter_add", {a, index, values({5, 3}, 36)},
+              [](auto& x) { return gather(x[0], 1, x[1]) + scatter_add(x[0], 1, x[1], x[2]); }),
+      same_op("index_select index_add", {a, rows, values({3, 3}, 37)},
+              [](auto& x) { return index_add(x[0], 0, x[1], x[2]) * 2.0 + sum(index_select(x[0], 0, x[1])); }),
+      same_op("dropout", {a},
+              [](auto& x) {
+                manual_seed(3);
+                return dropout(x[0], 0.4);
+              }),
+      same_op("mse_loss logsumexp", {a, values({5, 3}, 35)},
+              [](auto& x) { return mse_loss(x[0], x[1]) + logsumexp(x[0]); }),
   });
 }
 
-TEST(DTensorGrad, CompositeReductionsScansAndSorting) {
-  for_each_world(kWorlds, [] {
-    const Tensor a = values({5, 3}, 31), p = values({5, 3}, 32, true);
-    check_grads(
-        "logsumexp", {{a}}, [](auto& x) { return logsumexp(x[0], {0}); }, [](auto& x) { return logsumexp(x[0], {0}); });
-    check_grads(
-        "std", {{a}}, [](auto& x) { return tessera::std(x[0], {1}); }, [](auto& x) { return tessera::std(x[0], {1}); });
-    check_grads(
-        "vector_norm", {{a}}, [](auto& x) { return vector_norm(x[0], 2, {0}) + vector_norm(x[0], 1, {0}); },
-        [](auto& x) { return vector_norm(x[0], 2, {0}) + vector_norm(x[0], 1, {0}); });
-    check_grads(
-        "cumsum", {{a}}, [](auto& x) { return cumsum(x[0], 0) + cumsum(x[0], 1); },
-        [](auto& x) { return cumsum(x[0], 0) + cumsum(x[0], 1); });
-    check_grads(
-        "cumprod", {{p}}, [](auto& x) { return cumprod(x[0], 0); }, [](auto& x) { return cumprod(x[0], 0); });
-    check_grads(
-        "sort", {{a}}, [](auto& x) { return sort(x[0], 0).values; }, [](auto& x) { return sort(x[0], 0).values; });
-    check_grads(
-        "topk", {{a}}, [](auto& x) { return topk(x[0], 2, 0).values; }, [](auto& x) { return topk(x[0], 2, 0).values; });
-    check_grads(
-        "einsum", {{a, values({3, 4}, 33)}}, [](auto& x) { return einsum("ij,jk->ik", x); },
-        [](auto& x) { return einsum("ij,jk->ik", x); });
-    check_grads(
-        "einsum summed letter", {{a, values({4}, 34)}}, [](auto& x) { return einsum("ij,k->ik", x); },
-        [](auto& x) { return einsum("ij,k->ik", x); });
-    const Tensor index = from_vector<int64_t>({2, 0, 1, 1, 0, 2, 2, 2, 0, 1, 0, 0, 1, 2, 0}, {5, 3});
-    const Tensor rows = from_vector<int64_t>({4, 0, 4});
-    check_grads(
-        "gather scatter_add", {{a, index, values({5, 3}, 36)}},
-        [](auto& x) { return gather(x[0], 1, x[1]) + scatter_add(x[0], 1, x[1], x[2]); },
-        [](auto& x) { return gather(x[0], 1, x[1]) + scatter_add(x[0], 1, x[1], x[2]); });
-    check_grads(
-        "index_select index_add", {{a, rows, values({3, 3}, 37)}},
-        [](auto& x) { return index_add(x[0], 0, x[1], x[2]) * 2.0 + sum(index_select(x[0], 0, x[1])); },
-        [](auto& x) { return index_add(x[0], 0, x[1], x[2]) * 2.0 + sum(index_select(x[0], 0, x[1])); });
-    check_grads(
-        "dropout", {{a}}, [](auto& x) { manual_seed(3); return dropout(x[0], 0.4); },
-        [](auto& x) { manual_seed(3); return dropout(x[0], 0.4); });
-    check_grads(
-        "losses", {{a, values({5, 3}, 35)}}, [](auto& x) { return mse_loss(x[0], x[1]) + logsumexp(x[0]); },
-        [](auto& x) { return mse_loss(x[0], x[1]) + logsumexp(x[0]); });
+std::vector<GradCase> matmul_linear_nn_cases() {
+  const Tensor ids = from_vector(std::vector<int64_t>{2, 0, 6, 4, 1, 2, 6}, Shape{7});
+  const Tensor target = from_vector(std::vector<int64_t>{1, 4, -100, 0, 5}, Shape{5});
+  return named({
+      same_op("matmul", {values({5, 3}, 8), values({3, 4}, 9)}, [](auto& x) { return matmul(x[0], x[1]); }),
+      same_op("matmul", {values({2, 5, 3}, 10), values({3, 4}, 11)}, [](auto& x) { return matmul(x[0], x[1]); }),
+      same_op("matmul", {values({3}, 12), values({3, 4}, 13)}, [](auto& x) { return matmul(x[0], x[1]); }),
+      same_op("bmm", {values({3, 5, 2}, 14), values({3, 2, 4}, 15)}, [](auto& x) { return bmm(x[0], x[1]); }),
+      same_op("linear", {values({5, 3}, 16), values({4, 3}, 17), values({4}, 18)},
+              [](auto& x) { return linear(x[0], x[1], x[2]); }),
+      same_op("softmax log_softmax", {values({5, 6}, 19)},
+              [](auto& x) { return softmax(x[0], 1) + log_softmax(x[0], 0); }),
+      same_op("layer_norm", {values({5, 6}, 20), values({6}, 21), values({6}, 22)},
+              [](auto& x) { return layer_norm(x[0], {6}, x[1], x[2]); }),
+      same_op("rms_norm", {values({5, 6}, 23), values({6}, 24)}, [](auto& x) { return rms_norm(x[0], {6}, x[1]); }),
+      same_op("embedding", {values({7, 3}, 25), ids}, [](auto& x) { return embedding(x[0], x[1]); }),
+      same_op("cross_entropy", {values({5, 6}, 26), target}, [](auto& x) { return cross_entropy(x[0], x[1]); }),
   });
 }
 
-TEST(DTensorGrad, MatmulLinearAndNn) {
-  for_each_world(kWorlds, [] {
-    check_grads(
-        "matmul", {{values({5, 3}, 8), values({3, 4}, 9)}}, [](auto& x) { return matmul(x[0], x[1]); },
-        [](auto& x) { return matmul(x[0], x[1]); });
-    check_grads(
-        "matmul batch", {{values({2, 5, 3}, 10), values({3, 4}, 11)}}, [](auto& x) { return matmul(x[0], x[1]); },
-        [](auto& x) { return matmul(x[0], x[1]); });
-    check_grads(
-        "matmul 1-d", {{values({3}, 12), values({3, 4}, 13)}}, [](auto& x) { return matmul(x[0], x[1]); },
-        [](auto& x) { return matmul(x[0], x[1]); });
-    check_grads(
-        "bmm", {{values({3, 5, 2}, 14), values({3, 2, 4}, 15)}}, [](auto& x) { return bmm(x[0], x[1]); },
-        [](auto& x) { return bmm(x[0], x[1]); });
-    check_grads(
-        "linear", {{values({5, 3}, 16), values({4, 3}, 17), values({4}, 18)}},
-        [](auto& x) { return linear(x[0], x[1], x[2]); }, [](auto& x) { return linear(x[0], x[1], x[2]); });
-    check_grads(
-        "softmax", {{values({5, 6}, 19)}}, [](auto& x) { return softmax(x[0], 1) + log_softmax(x[0], 0); },
-        [](auto& x) { return softmax(x[0], 1) + log_softmax(x[0], 0); });
-    check_grads(
-        "layer_norm", {{values({5, 6}, 20), values({6}, 21), values({6}, 22)}},
-        [](auto& x) { return layer_norm(x[0], {6}, x[1], x[2]); },
-        [](auto& x) { return layer_norm(x[0], {6}, x[1], x[2]); });
-    check_grads(
-        "rms_norm", {{values({5, 6}, 23), values({6}, 24)}}, [](auto& x) { return rms_norm(x[0], {6}, x[1]); },
-        [](auto& x) { return rms_norm(x[0], {6}, x[1]); });
-    const Tensor ids = from_vector(std::vector<int64_t>{2, 0, 6, 4, 1, 2, 6}, Shape{7});
-    check_grads(
-        "embedding", {{values({7, 3}, 25), ids}}, [](auto& x) { return embedding(x[0], x[1]); },
-        [](auto& x) { return embedding(x[0], x[1]); });
-    const Tensor target = from_vector(std::vector<int64_t>{1, 4, -100, 0, 5}, Shape{5});
-    check_grads(
-        "cross_entropy", {{values({5, 6}, 26), target}}, [](auto& x) { return cross_entropy(x[0], x[1]); },
-        [](auto& x) { return cross_entropy(x[0], x[1]); });
+std::vector<GradCase> view_join_cases() {
+  const Tensor x = values({4, 6}, 27), y = values({4, 6}, 28);
+  return named({
+      same_op("reshape", {x}, [](auto& t) { return reshape(t[0], {2, 12}); }, "to [2, 12]"),
+      same_op("transpose", {x}, [](auto& t) { return transpose(t[0], 0, 1); }),
+      same_op("narrow", {x}, [](auto& t) { return narrow(t[0], 1, 1, 3); }),
+      same_op("select", {x}, [](auto& t) { return select(t[0], 0, 2); }),
+      same_op("expand", {values({1, 6}, 29)}, [](auto& t) { return expand(t[0], {4, 6}); }, "to [4, 6]"),
+      same_op("cat", {x, y}, [](auto& t) { return cat({t[0], t[1]}, 1) + cat({t[1], t[0]}, 1); }),
+      same_op("stack", {x, y}, [](auto& t) { return stack({t[0], t[1]}, 0); }),
+      same_op("split", {x},
+              [](auto& t) {
+                const auto p = split(t[0], 4, 1);
+                return mul(narrow(p[0], 1, 0, 2), p[1]);
+              }),
   });
 }
 
-TEST(DTensorGrad, ViewsAndJoins) {
-  for_each_world(kWorlds, [] {
-    const Tensor x = values({4, 6}, 27), y = values({4, 6}, 28);
-    check_grads(
-        "reshape", {{x}},
-        [](auto& t) {
-          return reshape(t[0], {2, 12});
-        },
-        [](auto& t) {
-          return reshape(t[0], {2, 12});
-        });
-    check_grads(
-        "transpose", {{x}}, [](auto& t) { return transpose(t[0], 0, 1); },
-        [](auto& t) { return transpose(t[0], 0, 1); });
-    check_grads(
-        "narrow", {{x}}, [](auto& t) { return narrow(t[0], 1, 1, 3); }, [](auto& t) { return narrow(t[0], 1, 1, 3); });
-    check_grads(
-        "select", {{x}}, [](auto& t) { return select(t[0], 0, 2); }, [](auto& t) { return select(t[0], 0, 2); });
-    check_grads(
-        "expand", {{values({1, 6}, 29)}},
-        [](auto& t) {
-          return expand(t[0], {4, 6});
-        },
-        [](auto& t) {
-          return expand(t[0], {4, 6});
-        });
-    check_grads(
-        "cat stack", {{x, y}},
-        [](auto& t) {
-          return cat({t[0], t[1]}, 1) + cat({t[1], t[0]}, 1);
-        },
-        [](auto& t) {
-          return cat({t[0], t[1]}, 1) + cat({t[1], t[0]}, 1);
-        });
-    check_grads(
-        "stack", {{x, y}},
-        [](auto& t) {
-          return stack({t[0], t[1]}, 0);
-        },
-        [](auto& t) {
-          return stack({t[0], t[1]}, 0);
-        });
-    check_grads(
-        "split", {{x}},
-        [](auto& t) {
-          const auto p = split(t[0], 4, 1);
-          return mul(narrow(p[0], 1, 0, 2), p[1]);
-        },
-        [](auto& t) {
-          const auto p = split(t[0], 4, 1);
-          return mul(narrow(p[0], 1, 0, 2), p[1]);
-        });
-  });
-}
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(ElementwiseOps, DTensorGradOf, ::testing::ValuesIn(elementwise_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Reductions, DTensorGradOf, ::testing::ValuesIn(reduction_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(CompositeReductionsScansAndSorting, DTensorGradOf,
+                         ::testing::ValuesIn(composite_reduction_scan_sorting_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(MatmulLinearAndNn, DTensorGradOf, ::testing::ValuesIn(matmul_linear_nn_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(ViewsAndJoins, DTensorGradOf, ::testing::ValuesIn(view_join_cases()), case_name);
 
 namespace {
 
@@ -483,43 +487,45 @@ TEST(DTensorGrad, LeavesAndErrors) {
   });
 }
 
-TEST(DTensorGrad, ShapeOpsThatCopy) {
-  for_each_world(kWorlds, [] {
-    const Tensor x = values({5, 3}, 42), b = values({2, 5, 3}, 43);
-    check_grads(
-        "flip", {{x}}, [](auto& t) { return flip(t[0], {0, 1}); }, [](auto& t) { return flip(t[0], {0, 1}); });
-    check_grads(
-        "roll", {{x}}, [](auto& t) { return roll(t[0], {2, -1}, {0, 1}) + roll(t[0], {4}); },
-        [](auto& t) { return roll(t[0], {2, -1}, {0, 1}) + roll(t[0], {4}); });
-    check_grads(
-        "tril", {{b}}, [](auto& t) { return tril(t[0], -1); }, [](auto& t) { return tril(t[0], -1); });
-    check_grads(
-        "triu", {{b}}, [](auto& t) { return triu(t[0], 1); }, [](auto& t) { return triu(t[0], 1); });
-    check_grads(
-        "repeat", {{x}}, [](auto& t) { return repeat(t[0], {2, 1, 3}); },
-        [](auto& t) { return repeat(t[0], {2, 1, 3}); });
-    check_grads(
-        "tile", {{b}}, [](auto& t) { return tile(t[0], {2, 1}); }, [](auto& t) { return tile(t[0], {2, 1}); });
-    check_grads(
-        "pad constant", {{x}}, [](auto& t) { return pad(t[0], {1, -1, 2, 0}, PadMode::constant, 0.5); },
-        [](auto& t) { return pad(t[0], {1, -1, 2, 0}, PadMode::constant, 0.5); });
-    for (PadMode mode : {PadMode::reflect, PadMode::replicate, PadMode::circular})
-      check_grads(
-          std::string("pad ") + to_string(mode), {{x}}, [mode](auto& t) { return pad(t[0], {2, 1, 1, 3}, mode); },
-          [mode](auto& t) { return pad(t[0], {2, 1, 1, 3}, mode); });
-  });
+namespace {
+
+std::vector<GradCase> copying_shape_op_cases() {
+  const Tensor x = values({5, 3}, 42), b = values({2, 5, 3}, 43);
+  std::vector<GradCase> cases{
+      same_op("flip", {x}, [](auto& t) { return flip(t[0], {0, 1}); }),
+      same_op("roll", {x}, [](auto& t) { return roll(t[0], {2, -1}, {0, 1}) + roll(t[0], {4}); }),
+      same_op("tril", {b}, [](auto& t) { return tril(t[0], -1); }),
+      same_op("triu", {b}, [](auto& t) { return triu(t[0], 1); }),
+      same_op("repeat", {x}, [](auto& t) { return repeat(t[0], {2, 1, 3}); }),
+      same_op("tile", {b}, [](auto& t) { return tile(t[0], {2, 1}); }),
+      same_op("pad", {x}, [](auto& t) { return pad(t[0], {1, -1, 2, 0}, PadMode::constant, 0.5); }, "constant"),
+  };
+  for (PadMode mode : {PadMode::reflect, PadMode::replicate, PadMode::circular})
+    cases.push_back(same_op("pad", {x}, [mode](auto& t) { return pad(t[0], {2, 1, 1, 3}, mode); }, to_string(mode)));
+  return named(std::move(cases));
 }
 
+// Over the sweep (the weight R, S(0) vocabulary-sharded, S(1), P): the gradient with padding_idx
+// equals the Tensor gradient, whose padding row is zero. Rows 0, 4 and 6 sit on different shards.
+std::vector<GradCase> embedding_padding_idx_cases() {
+  const Tensor ids = from_vector(std::vector<int64_t>{2, 0, 6, 4, 1, 2, 6}, Shape{7});
+  std::vector<GradCase> cases;
+  for (int64_t pad : {int64_t{0}, int64_t{4}, int64_t{-1}, int64_t{-5}})
+    cases.push_back(same_op("embedding", {values({7, 3}, 25), ids},
+                            [pad](auto& x) { return embedding(x[0], x[1], pad); },
+                            "padding_idx=" + std::to_string(pad)));
+  return named(std::move(cases));
+}
+
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(ShapeOpsThatCopy, DTensorGradOf, ::testing::ValuesIn(copying_shape_op_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(EmbeddingPaddingIdx, DTensorGradOf, ::testing::ValuesIn(embedding_padding_idx_cases()),
+                         case_name);
+
+// The rest of padding_idx (its sweep is EmbeddingPaddingIdx/DTensorGradOf above).
 TEST(DTensorGrad, EmbeddingPaddingIdx) {
   for_each_world(kWorlds, [] {
-    // Over the sweep (the weight R, S(0) vocabulary-sharded, S(1), P): the gradient with padding_idx
-    // equals the Tensor gradient, whose padding row is zero. Rows 0, 4 and 6 sit on different shards.
-    const Tensor ids = from_vector(std::vector<int64_t>{2, 0, 6, 4, 1, 2, 6}, Shape{7});
-    for (int64_t pad : {int64_t{0}, int64_t{4}, int64_t{-1}, int64_t{-5}})
-      check_grads(
-          "embedding padding_idx " + std::to_string(pad), {{values({7, 3}, 25), ids}},
-          [pad](auto& x) { return embedding(x[0], x[1], pad); }, [pad](auto& x) { return embedding(x[0], x[1], pad); });
-
     // Vocabulary-sharded: the weight is never gathered, and the rank holding the padding row zeroes it.
     const DeviceMesh mesh({world_size()}, {"x"});
     const Tensor w = values({9, 3}, 26);

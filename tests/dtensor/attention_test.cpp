@@ -84,7 +84,7 @@ void check(const AttentionCase& c) {
                         << (grad.defined() ? grad.layout().to_string() : "undefined");
         grads_ok &= ok;
       }
-      if (!out_ok || !grads_ok) return;  // one report per case and mesh
+      if (!out_ok || !grads_ok) break;  // one report per case and mesh
     }
   }
 }
