@@ -43,7 +43,8 @@
   X(silu, floating, none, silu_grad(g, x))                                                   \
   X(log1p, floating, none, div(g, add(x, Scalar(1.0))))                                      \
   X(expm1, floating, monotone, mul(g, add(y, Scalar(1.0))))                                  \
-  X(erf, floating, monotone, mul(g, mul(exp(neg(mul(x, x))), Scalar(1.1283791670955126))))
+  X(erf, floating, monotone, mul(g, mul(exp(neg(mul(x, x))), Scalar(1.1283791670955126))))   \
+  X(softplus, floating, monotone, mul(g, sigmoid(x)))
 
 // X(name, dtype rule, linearity, d/da, d/db, d/dx of (x op s), d/dx of (s op x))
 #define TESSERA_BINARY_OPS(X)                                                                          \

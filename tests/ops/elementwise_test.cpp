@@ -805,6 +805,8 @@ const std::vector<UnaryCase>& unary_cases() {
       {"log1p", [](const Tensor& x) { return log1p(x); }, [](double v) { return std::log1p(v); }, false},
       {"expm1", [](const Tensor& x) { return expm1(x); }, [](double v) { return std::expm1(v); }, false},
       {"erf", [](const Tensor& x) { return erf(x); }, [](double v) { return std::erf(v); }, false},
+      {"softplus", [](const Tensor& x) { return softplus(x); },
+       [](double v) { return v > 20 ? v : std::log1p(std::exp(v)); }, false},
   };
   return cases;
 }

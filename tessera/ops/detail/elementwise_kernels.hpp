@@ -128,6 +128,8 @@ struct silu { template <class T> T operator()(T v) const { return v / (T(1) + st
 struct log1p { template <class T> T operator()(T v) const { return std::log1p(v); } };
 struct expm1 { template <class T> T operator()(T v) const { return std::expm1(v); } };
 struct erf { template <class T> T operator()(T v) const { return std::erf(v); } };
+// log(1 + e^v), linear above 20 as torch.nn.functional.softplus's default threshold.
+struct softplus { template <class T> T operator()(T v) const { return v > T(20) ? v : std::log1p(std::exp(v)); } };
 
 // --- binary ---
 struct add {
