@@ -19,7 +19,10 @@ Tensor cumprod(const Tensor& x, int64_t dim);
 ValuesIndices<Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false);
 
 /// The k largest (smallest) elements along dim and their i64 indices, largest first (smallest
-/// first), ties in index order. Throws ValueError if k is negative or above the dim's size.
+/// first), ties in index order. sorted = false allows any order (as in PyTorch); Tessera still
+/// returns them sorted, which costs nothing extra here (the selection is a partial sort), so
+/// results are the same whatever the flag and whatever the sharding.
+/// Throws ValueError if k is negative or above the dim's size.
 ValuesIndices<Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
 
 namespace detail {
