@@ -218,4 +218,31 @@ JoinedShape joined_shape(const std::vector<Shape>& shapes, int64_t dim, bool sta
   return {d, out};
 }
 
+std::vector<int64_t> split_sizes(const Shape& shape, int64_t dim, int64_t split_size) {
+  const int64_t size = shape[dim];
+  TESSERA_CHECK(split_size >= 1 || size == 0, ValueError, "split", "split_size ", split_size,
+                " must be positive for shape ", shape.to_string(), " (dim ", dim, ")");
+  if (size == 0) return {0};
+  std::vector<int64_t> sizes;
+  for (int64_t start = 0; start < size; start += split_size) sizes.push_back(std::min(split_size, size - start));
+  return sizes;
+}
+
+void check_split_sizes(const std::vector<int64_t>& sizes, const Shape& shape, int64_t dim) {
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    TESSERA_CHECK(s >= 0, ValueError, "split", "negative size ", s, " in split sizes ", Shape(sizes).to_string());
+    total += s;
+  }
+  TESSERA_CHECK(total == shape[dim], ValueError, "split", "sizes ", Shape(sizes).to_string(), " add up to ", total,
+                " but dim ", dim, " of shape ", shape.to_string(), " has ", shape[dim]);
+}
+
+std::vector<int64_t> chunk_sizes(const Shape& shape, int64_t dim, int64_t chunks) {
+  TESSERA_CHECK(chunks >= 1, ValueError, "chunk", "chunks ", chunks, " must be at least 1");
+  const int64_t size = shape[dim];
+  if (size == 0) return std::vector<int64_t>(static_cast<size_t>(chunks), 0);
+  return split_sizes(shape, dim, (size + chunks - 1) / chunks);
+}
+
 }  // namespace tessera

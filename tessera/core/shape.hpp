@@ -133,6 +133,18 @@ struct JoinedShape {
 };
 JoinedShape joined_shape(const std::vector<Shape>& shapes, int64_t dim, bool stacking);
 
+/// The piece sizes of split(x, split_size, dim) along dim `dim` (normalised) of `shape`:
+/// split_size each, the last one smaller; one empty piece for an empty dim (torch.split).
+/// Throws ValueError naming "split" and the shape for split_size < 1 on a non-empty dim.
+std::vector<int64_t> split_sizes(const Shape& shape, int64_t dim, int64_t split_size);
+/// Checks explicit split sizes along dim `dim` (normalised) of `shape`: none negative, adding up
+/// to the dim's size. Throws ValueError naming "split", the sizes and the shape otherwise.
+void check_split_sizes(const std::vector<int64_t>& sizes, const Shape& shape, int64_t dim);
+/// The piece sizes of chunk(x, chunks, dim): ceil(size / chunks) each, the last smaller (so
+/// possibly fewer than `chunks` pieces), and `chunks` empty pieces for an empty dim (torch.chunk).
+/// Throws ValueError naming "chunk" for chunks < 1.
+std::vector<int64_t> chunk_sizes(const Shape& shape, int64_t dim, int64_t chunks);
+
 /// The shape flatten(start_dim, end_dim) gives: those dims merged into one ([1] for a 0-d shape).
 /// Throws ValueError naming "flatten" and the shape for dims out of range or in the wrong order.
 Shape flatten_shape(const Shape& shape, int64_t start_dim, int64_t end_dim);

@@ -10,13 +10,26 @@ namespace tessera {
 
 namespace {
 
+// The layout of a new DTensor, checked here so that errors name the user's call: a mesh with
+// ranks, one placement per mesh dim, shard dims in [-ndim, ndim) (normalised once, here), no
+// Partial.
 Layout factory_layout(const char* op, const Shape& shape, DType dtype, const DeviceMesh& mesh,
                       std::vector<Placement> placements) {
+  TESSERA_CHECK(mesh.size() > 0, ShardingError, op, "the mesh is empty (a default-constructed DeviceMesh); build one ",
+                "with DeviceMesh(shape, names)");
+  const std::string given = to_string(placements);
+  TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), ShardingError, op, "placements ", given,
+                " for ", shape.to_string(), ": ", placements.size(), " placements for ", mesh.to_string(), " of ",
+                mesh.ndim(), " dims; give one per mesh dim");
   for (auto& p : placements) {
-    if (auto* s = std::get_if<Shard>(&p); s && s->dim < 0) s->dim += shape.size();
-    TESSERA_CHECK(!is_partial(p), ShardingError, op, "placements ", to_string(placements), " for ",
-                  shape.to_string(), " on ", mesh.to_string(),
-                  " hold a Partial: a new tensor has no pending reduction; use Replicate");
+    TESSERA_CHECK(!is_partial(p), ShardingError, op, "placements ", given, " for ", shape.to_string(), " on ",
+                  mesh.to_string(), " hold a Partial: a new tensor has no pending reduction; use Replicate");
+    if (auto* s = std::get_if<Shard>(&p)) {
+      TESSERA_CHECK(s->dim >= -shape.size() && s->dim < shape.size(), ShardingError, op, "placements ", given,
+                    " for ", shape.to_string(), " on ", mesh.to_string(), ": shard dim ", s->dim,
+                    " is out of range for ", shape.size(), " dims");
+      if (s->dim < 0) s->dim += shape.size();
+    }
   }
   return Layout(shape, dtype, mesh.spec(), std::move(placements));
 }

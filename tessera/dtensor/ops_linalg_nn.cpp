@@ -40,6 +40,7 @@ using detail::check_index_range;
 
 using detail::call_op;
 using detail::Decision;
+using detail::DTensorAccess;
 using Locals = std::span<const Tensor>;
 
 DTensor matmul(const DTensor& a, const DTensor& b) {
@@ -98,15 +99,21 @@ DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const std::o
   std::vector<const DTensor*> inputs{&x};
   if (weight) inputs.push_back(&*weight);
   if (bias) inputs.push_back(&*bias);
+  // The operands as the kernel sees them, for the backward (see record_norm).
+  DTensor x_computed;
+  std::optional<DTensor> w_computed;
   DTensor out = detail::dispatch(RuleRegistry::id(OpId::layer_norm), inputs, NormArgs{normalized_shape.size()},
-                                 [&](Locals l, const Decision&) {
+                                 [&](Locals l, const Decision& d) {
+                                   x_computed = DTensorAccess::make(l[0], x.device_mesh(), d.targets[0]);
+                                   if (weight) w_computed = DTensorAccess::make(l[1], x.device_mesh(), d.targets[1]);
                                    size_t next = 1;
                                    std::optional<Tensor> w, b;
                                    if (weight) w = l[next++];
                                    if (bias) b = l[next++];
                                    return layer_norm(l[0], normalized_shape, w, b, eps);
                                  });
-  derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true);
+  derivatives::record_norm("layer_norm", out, x, normalized_shape.size(), weight, bias, eps, true, &x_computed,
+                           &w_computed);
   return out;
 }
 
@@ -114,12 +121,17 @@ DTensor rms_norm(const DTensor& x, const Shape& normalized_shape, const std::opt
   check_normalized_shape(x, normalized_shape, "rms_norm");
   std::vector<const DTensor*> inputs{&x};
   if (weight) inputs.push_back(&*weight);
+  DTensor x_computed;
+  std::optional<DTensor> w_computed;
   DTensor out = detail::dispatch(RuleRegistry::id(OpId::rms_norm), inputs, NormArgs{normalized_shape.size()},
-                                 [&](Locals l, const Decision&) {
+                                 [&](Locals l, const Decision& d) {
+                                   x_computed = DTensorAccess::make(l[0], x.device_mesh(), d.targets[0]);
+                                   if (weight) w_computed = DTensorAccess::make(l[1], x.device_mesh(), d.targets[1]);
                                    return rms_norm(l[0], normalized_shape,
                                                    weight ? std::optional<Tensor>(l[1]) : std::nullopt, eps);
                                  });
-  derivatives::record_norm("rms_norm", out, x, normalized_shape.size(), weight, std::optional<DTensor>(), eps, false);
+  derivatives::record_norm("rms_norm", out, x, normalized_shape.size(), weight, std::optional<DTensor>(), eps, false,
+                           &x_computed, &w_computed);
   return out;
 }
 

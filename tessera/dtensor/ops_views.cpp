@@ -174,13 +174,7 @@ DTensor stack(const std::vector<DTensor>& tensors, int64_t dim) { return join(te
 std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
   TESSERA_CHECK(x.ndim() > 0, ValueError, "split", "expects a tensor with at least 1 dim");
   const int64_t d = normalize_dim(dim, x.ndim(), "split", x.shape());
-  int64_t total = 0;
-  for (int64_t s : sizes) {
-    TESSERA_CHECK(s >= 0, ValueError, "split", "negative size in ", Shape(sizes).to_string());
-    total += s;
-  }
-  TESSERA_CHECK(total == x.shape()[d], ValueError, "split", "sizes ", Shape(sizes).to_string(), " add up to ", total,
-                ", not dim ", dim, " of shape ", x.shape().to_string());
+  check_split_sizes(sizes, x.shape(), d);
   std::vector<DTensor> out;
   int64_t start = 0;
   for (int64_t s : sizes) {
@@ -193,21 +187,13 @@ std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, 
 std::vector<DTensor> split(const DTensor& x, int64_t split_size, int64_t dim) {
   TESSERA_CHECK(x.ndim() > 0, ValueError, "split", "expects a tensor with at least 1 dim");
   const int64_t d = normalize_dim(dim, x.ndim(), "split", x.shape());
-  TESSERA_CHECK(split_size > 0 || x.shape()[d] == 0, ValueError, "split", "split_size ", split_size,
-                " must be positive");
-  std::vector<int64_t> sizes;
-  for (int64_t start = 0; start < x.shape()[d]; start += split_size)
-    sizes.push_back(std::min(split_size, x.shape()[d] - start));
-  if (sizes.empty()) sizes.push_back(0);
-  return split(x, sizes, d);
+  return split(x, split_sizes(x.shape(), d, split_size), d);
 }
 
 std::vector<DTensor> chunk(const DTensor& x, int64_t chunks, int64_t dim) {
-  TESSERA_CHECK(chunks >= 1, ValueError, "chunk", "chunks ", chunks, " must be at least 1");
   TESSERA_CHECK(x.ndim() > 0, ValueError, "chunk", "expects a tensor with at least 1 dim");
   const int64_t d = normalize_dim(dim, x.ndim(), "chunk", x.shape());
-  const int64_t size = x.shape()[d];
-  return split(x, std::max<int64_t>((size + chunks - 1) / chunks, 1), d);
+  return split(x, chunk_sizes(x.shape(), d, chunks), d);
 }
 
 }  // namespace tessera

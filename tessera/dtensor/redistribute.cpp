@@ -264,6 +264,12 @@ Tensor run_exchange(const std::vector<Transfer>& transfers, const Tensor& local,
 Tensor run_plan(const Plan& plan, const Tensor& local, const DeviceMesh& src_mesh, const DeviceMesh& dst_mesh) {
   Tensor current = local;
   const int me = rank();
+  // No elements, nothing to move: every rank makes its (empty) block of dst alone. Every rank
+  // takes this branch alike (the global shape is the same on all), so none waits on another.
+  if (plan.src.global_shape().numel() == 0) {
+    const bool member = plan.dst.mesh().contains(me);
+    return empty(member ? plan.dst.block_of_rank(me).shape() : Shape::filled(plan.dst.ndim(), 0), plan.dst.dtype());
+  }
   for (const PlanStep& step : plan.steps) {
     if (step.kind == StepKind::exchange) {
       const bool sends = step.before.mesh().contains(me), receives = step.after.mesh().contains(me);
@@ -278,6 +284,9 @@ Tensor run_plan(const Plan& plan, const Tensor& local, const DeviceMesh& src_mes
     }
     const DeviceMesh& mesh = step.before.mesh() == src_mesh.spec() ? src_mesh : dst_mesh;
     if (!mesh.is_member()) continue;
+    // Over a mesh dim of one rank every placement holds the same block with the same values
+    // (that rank is the whole group): the step is a relabelling, with no call to make.
+    if (mesh.size(step.mesh_dim) == 1) continue;
     switch (step.kind) {
       case StepKind::local_chunk: {
         // A view, as DTensor's chunk: no copy (later steps pack what they send anyway).

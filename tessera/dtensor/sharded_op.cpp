@@ -1,5 +1,7 @@
 #include <tessera/dtensor/sharded_op.hpp>
 
+#include <algorithm>
+
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/dispatch.hpp>
 
@@ -86,7 +88,13 @@ std::function<DTensor(const std::vector<DTensor>&)> local_map(std::function<Tens
     TESSERA_CHECK(static_cast<int64_t>(out_placements.size()) == mesh.ndim(), ShardingError, "local_map",
                   "out_placements ", to_string(out_placements), " has ", out_placements.size(), " entries for ",
                   mesh.to_string());
-    return DTensor::from_local(fn(locals), mesh, out_placements);
+    // The pieces of a sharded output are whatever fn returned on each rank: take their sizes
+    // from the locals (one small all_gather of shapes), never assume the even split, which
+    // uneven inputs would break (ranks would disagree about the global shape).
+    FromLocalOptions options;
+    options.infer_sizes = std::any_of(out_placements.begin(), out_placements.end(),
+                                      [](const Placement& p) { return is_shard(p); });
+    return DTensor::from_local(fn(locals), mesh, out_placements, options);
   };
 }
 

@@ -36,9 +36,10 @@ DTensor call_sharded(const std::string& op, const std::vector<DTensor>& inputs,
 /// DTensor's local_map: a function of DTensors that runs `fn` on their locals. Inputs must have
 /// `in_placements` (nullopt entries: any placements, passed as they are); with
 /// `redistribute_inputs` they are moved there, else a mismatch throws ShardingError naming the
-/// input. The local result is wrapped with `out_placements` (global shape as from_local infers
-/// it: even split). Throws ShardingError for a wrong input count, mixed meshes, or placements
-/// of the wrong length.
+/// input. The local result is wrapped with `out_placements`; a sharded output takes its piece
+/// sizes from the locals fn returned (an all_gather of their shapes), so uneven pieces give the
+/// right global shape on every rank. Throws ShardingError for a wrong input count, mixed meshes,
+/// or placements of the wrong length.
 std::function<DTensor(const std::vector<DTensor>&)> local_map(
     std::function<Tensor(const std::vector<Tensor>&)> fn, std::vector<std::optional<Placements>> in_placements,
     Placements out_placements, bool redistribute_inputs = false);

@@ -44,26 +44,13 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   TESSERA_CHECK(x.defined() && x.ndim() > 0, ValueError, "split", "expects a tensor with at least 1 dim");
   const int64_t d = normalize_dim(dim, x.ndim(), "split", x.shape());
-  TESSERA_CHECK(split_size >= 1 || (split_size == 0 && x.shape()[d] == 0), ValueError, "split", "split_size ",
-                split_size, " must be positive for shape ", x.shape().to_string());
-  std::vector<Tensor> pieces;
-  const int64_t size = x.shape()[d];
-  if (size == 0) return {x};
-  for (int64_t start = 0; start < size; start += split_size)
-    pieces.push_back(x.narrow(d, start, std::min(split_size, size - start)));
-  return pieces;
+  return split(x, split_sizes(x.shape(), d, split_size), d);
 }
 
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
   TESSERA_CHECK(x.defined() && x.ndim() > 0, ValueError, "split", "expects a tensor with at least 1 dim");
   const int64_t d = normalize_dim(dim, x.ndim(), "split", x.shape());
-  int64_t total = 0;
-  for (int64_t s : sizes) {
-    TESSERA_CHECK(s >= 0, ValueError, "split", "negative size ", s, " in split sizes");
-    total += s;
-  }
-  TESSERA_CHECK(total == x.shape()[d], ValueError, "split", "sizes ", Shape(sizes).to_string(), " add up to ", total,
-                " but dim ", d, " of shape ", x.shape().to_string(), " has ", x.shape()[d]);
+  check_split_sizes(sizes, x.shape(), d);
   std::vector<Tensor> pieces;
   int64_t start = 0;
   for (int64_t s : sizes) {
@@ -74,13 +61,9 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 }
 
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
-  TESSERA_CHECK(chunks >= 1, ValueError, "chunk", "chunks ", chunks, " must be at least 1");
   TESSERA_CHECK(x.defined() && x.ndim() > 0, ValueError, "chunk", "expects a tensor with at least 1 dim");
   const int64_t d = normalize_dim(dim, x.ndim(), "chunk", x.shape());
-  const int64_t size = x.shape()[d];
-  // torch.chunk: an empty dim still gives `chunks` (empty) pieces; split would give one.
-  if (size == 0) return std::vector<Tensor>(static_cast<size_t>(chunks), x);
-  return split(x, (size + chunks - 1) / chunks, d);  // ceil: torch.chunk semantics
+  return split(x, chunk_sizes(x.shape(), d, chunks), d);
 }
 
 // --- shape ops that copy ------------------------------------------------------------------------

@@ -348,14 +348,16 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   for (int64_t m = 0; m < dst.mesh().ndim(); ++m) {
     const Placement& want = dst.placements()[static_cast<size_t>(m)];
     if (!is_partial(want)) continue;
-    TESSERA_CHECK(options.allow_partial_destination, ShardingError, "redistribute",
+    const Placement* have = same_mesh ? &src.placements()[static_cast<size_t>(m)] : nullptr;
+    // Keeping a Partial (the same one on the same mesh dim) is always allowed: redistributing
+    // another mesh dim must not force a reduction. Creating one needs allow_partial_destination.
+    TESSERA_CHECK(!have || !is_partial(*have) || *have == want, ShardingError, "redistribute", "cannot turn ",
+                  to_string(*have), " into ", to_string(want), " on mesh dim ", m,
+                  " (reduce first; different reductions do not commute): ", both);
+    const bool kept = have && *have == want;
+    TESSERA_CHECK(kept || options.allow_partial_destination, ShardingError, "redistribute",
                   "cannot redistribute to Partial (mesh dim ", m, "): a Partial value only arises from an "
                   "operation; ", both);
-    if (!same_mesh) continue;
-    const Placement& have = src.placements()[static_cast<size_t>(m)];
-    TESSERA_CHECK(!is_partial(have) || have == want, ShardingError, "redistribute", "cannot turn ",
-                  to_string(have), " into ", to_string(want), " on mesh dim ", m,
-                  " (reduce first; different reductions do not commute): ", both);
   }
   Plan result{src, dst, {}, 0};
   if (src == dst) return result;

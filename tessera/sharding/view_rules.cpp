@@ -98,6 +98,17 @@ OpProposal reshape_proposal(const Layout& input, const Shape& shape) {
   for (const auto& g : groups) {
     const int64_t lead_in = first_non_unit(in, g.in_begin, g.in_end);
     const int64_t lead_out = first_non_unit(shape, g.out_begin, g.out_end);
+    if (lead_in < 0 && lead_out < 0) {
+      // Unit dims on both sides ([1, ...] -> [1, ...]): the i-th keeps its shard as the i-th
+      // result dim, with the same pieces (the one element on one rank).
+      for (int64_t i = 0; g.in_begin + i < g.in_end && g.out_begin + i < g.out_end; ++i) {
+        const int64_t d = g.in_begin + i;
+        if (input.shard_order(d).empty()) continue;
+        target[static_cast<size_t>(d)] = g.out_begin + i;
+        pieces[static_cast<size_t>(d)] = input.piece_sizes(d);
+      }
+      continue;
+    }
     if (lead_in < 0 || lead_out < 0 || input.shard_order(lead_in).empty()) continue;
     bool others_sharded = false;
     for (int64_t d = g.in_begin; d < g.in_end; ++d)

@@ -378,14 +378,20 @@ void record_softmax(T& out, const T& x, int64_t dim, bool log_of) {
 }
 
 /// layer_norm (centred) and rms_norm over the trailing `count` dims, recomputing the statistics.
+/// `x_as_computed` / `weight_as_computed`: the operands as the forward kernel saw them (a DTensor
+/// op passes them in the layout its rule chose, normalised dims whole, so the backward runs where
+/// the forward did instead of redistributing inside every op of the formula); default x / weight.
 template <class T>
 void record_norm(const char* name, T& out, const T& x, int64_t count, const std::optional<T>& weight,
-                 const std::optional<T>& bias, double eps, bool centred) {
+                 const std::optional<T>& bias, double eps, bool centred, const T* x_as_computed = nullptr,
+                 const std::optional<T>* weight_as_computed = nullptr) {
   const T* w = weight ? &*weight : nullptr;
   const T* b = bias ? &*bias : nullptr;
   if (!needs_grad<T>({&x, w, b})) return;
+  const T& x_saved = x_as_computed ? *x_as_computed : x;
+  const std::optional<T>& w_saved = weight_as_computed ? *weight_as_computed : weight;
   record<T>(name, out, {&x, w, b},
-            [x = x.detach(), w = weight ? std::optional<T>(weight->detach()) : std::nullopt,
+            [x = x_saved.detach(), w = w_saved ? std::optional<T>(w_saved->detach()) : std::nullopt,
              bias_shape = b ? b->shape() : Shape(), has_bias = b != nullptr, count, eps, centred](const T& g) {
               std::vector<int64_t> dims;
               for (int64_t d = x.ndim() - count; d < x.ndim(); ++d) dims.push_back(d);
