@@ -4,8 +4,6 @@
 // so causal masking and the dropout mask are the unsharded ones. The backward runs the fused
 // backward on the same blocks: dq lands in q's block; dk and dv are sums over the rows, so where
 // q's rows are sharded they are P(sum) over those mesh dims.
-#include <cmath>
-
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
@@ -58,25 +56,10 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
   TESSERA_CHECK(q.device_mesh().ndim() > 0 && k.device_mesh().ndim() > 0 && v.device_mesh().ndim() > 0 &&
                     (!attn_mask || attn_mask->device_mesh().ndim() > 0),
                 ShardingError, kOp, "an operand is an undefined DTensor");
-  AttentionOperands operands{q.shape(), k.shape(), v.shape(), q.dtype(), k.dtype(), v.dtype(), std::nullopt};
-  if (attn_mask) {
-    operands.mask = attn_mask->shape();
-    operands.mask_dtype = attn_mask->dtype();
-    TESSERA_CHECK(!attn_mask->requires_grad(), ValueError, kOp,
-                  "attn_mask requires a gradient, which this op does not give; pass attn_mask.detach()");
-  }
-  attention_output_shape(operands, dropout_p, is_causal, kOp);
-
   const int64_t nd = q.ndim();
   auto saved = std::make_shared<Saved>();
   detail::AttentionCall& call = saved->call;
-  call.is_causal = is_causal;
-  call.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.shape()[nd - 1]));
-  call.dropout_p = dropout_p;
-  for (int64_t d = 0; d < nd - 1; ++d) call.scores_shape.push_back(q.shape()[d]);
-  call.scores_shape.push_back(k.shape()[nd - 2]);
-  // Every rank takes the draw (SPMD), so the generators stay in step.
-  if (dropout_p > 0) call.draw = default_generator().next(Distribution::bernoulli, 1.0 - dropout_p, 0, DType::b8);
+  call = detail::attention_call(detail::attention_operands(q, k, v, attn_mask, kOp), dropout_p, is_causal, scale, kOp);
 
   std::vector<const DTensor*> inputs{&q, &k, &v};
   if (attn_mask) inputs.push_back(&*attn_mask);

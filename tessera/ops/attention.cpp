@@ -58,22 +58,24 @@ Shape batch_of(const Shape& s) {
   return b;
 }
 
-// The scores of one batch entry, a tile at a time: scale * Q K^T, then the causal mask and the
-// attention mask, as -inf (masked) or added values.
+// The scores [batch..., L, S] of q [batch..., L, E] and k [batch..., S, E], one batch entry and
+// one tile at a time: scale * Q K^T, then the causal mask and the attention mask, as -inf (masked)
+// or added values.
 template <class C>
 class Scores {
  public:
-  Scores(const detail::AttentionCall& call, const Shape& local_scores)
-      : call_(call), nd_(local_scores.size()), L_(local_scores[nd_ - 2]), S_(local_scores[nd_ - 1]) {
+  Scores(const detail::AttentionCall& call, const Shape& q, const Shape& k)
+      : call_(call), shape_(batch_of(q)), nd_(q.size()), L_(q[nd_ - 2]), S_(k[nd_ - 2]) {
+    shape_.push_back(L_);
+    shape_.push_back(S_);
     if (call.mask) {
-      // The mask in a compact dtype, broadcast to the local scores (stride 0 where it repeats).
+      // The mask in a compact dtype, broadcast to the scores (stride 0 where it repeats).
       mask_ = call.mask->dtype() == DType::b8 ? *call.mask : call.mask->to(compute_dtype(call.mask->dtype()));
-      mask_ = mask_.expand(local_scores);
+      mask_ = mask_.expand(shape_);
       is_bool_ = mask_.dtype() == DType::b8;
-      batch_offsets_ = offsets_of_batches(local_scores, mask_.strides());
+      batch_offsets_ = offsets_of_batches(shape_, mask_.strides());
     }
-    batches_ = 1;
-    for (int64_t d = 0; d + 2 < nd_; ++d) batches_ *= local_scores[d];
+    for (int64_t d = 0; d + 2 < nd_; ++d) batches_ *= shape_[d];
     if (call.dropout_p > 0) keep_scale_ = static_cast<C>(1.0 / (1.0 - call.dropout_p));
   }
 
@@ -115,13 +117,13 @@ class Scores {
 
   // The dropout keep-mask of the tile (empty when there is no dropout): the same block of the
   // global draw whatever the sharding.
-  Tensor keep(int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols, const Shape& local_scores) const {
+  Tensor keep(int64_t b, int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
     if (call_.dropout_p <= 0) return Tensor();
     Shape begin = call_.origin, block = Shape::filled(nd_, 1);
     int64_t rest = b;
     for (int64_t d = nd_ - 3; d >= 0; --d) {
-      begin[d] += rest % local_scores[d];
-      rest /= local_scores[d];
+      begin[d] += rest % shape_[d];
+      rest /= shape_[d];
     }
     begin[nd_ - 2] += i0;
     begin[nd_ - 1] += j0;
@@ -148,6 +150,7 @@ class Scores {
   }
 
   const detail::AttentionCall& call_;
+  Shape shape_;
   int64_t nd_, L_, S_;
   Tensor mask_;
   bool is_bool_ = false;
@@ -159,12 +162,8 @@ class Scores {
 template <class C>
 void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const detail::AttentionCall& call, Tensor& out,
                     Tensor& lse) {
-  const int64_t nd = q.ndim(), L = q.shape()[nd - 2], E = q.shape()[nd - 1], S = k.shape()[nd - 2],
-                F = v.shape()[nd - 1];
-  Shape local_scores = batch_of(q.shape());
-  local_scores.push_back(L);
-  local_scores.push_back(S);
-  const Scores<C> scores(call, local_scores);
+  const Scores<C> scores(call, q.shape(), k.shape());
+  const int64_t L = scores.L(), S = scores.S(), E = q.shape()[q.ndim() - 1], F = v.shape()[v.ndim() - 1];
   const C* qd = q.data<C>();
   const C* kd = k.data<C>();
   const C* vd = v.data<C>();
@@ -184,7 +183,7 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
       for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
         const int64_t cols = std::min(kCols, S - j0);
         scores.fill(b, qb, kb, E, i0, rows, j0, cols, tile.data());
-        const Tensor keep = scores.keep(b, i0, rows, j0, cols, local_scores);
+        const Tensor keep = scores.keep(b, i0, rows, j0, cols);
         for (int64_t r = 0; r < rows; ++r) {
           C* row = tile.data() + r * cols;
           C top = m[r];
@@ -221,14 +220,10 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
 template <class C>
 void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                      const Tensor& lse, const detail::AttentionCall& call, Tensor& dq, Tensor& dk, Tensor& dv) {
-  const int64_t nd = q.ndim(), L = q.shape()[nd - 2], E = q.shape()[nd - 1], S = k.shape()[nd - 2],
-                F = v.shape()[nd - 1];
-  Shape local_scores = batch_of(q.shape());
-  local_scores.push_back(L);
-  local_scores.push_back(S);
-  const Scores<C> scores(call, local_scores);
+  const Scores<C> scores(call, q.shape(), k.shape());
+  const int64_t L = scores.L(), S = scores.S(), E = q.shape()[q.ndim() - 1], F = v.shape()[v.ndim() - 1];
   const C scale = static_cast<C>(call.scale);
-  std::vector<C> p(static_cast<size_t>(kRows * kCols)), dp(static_cast<size_t>(kRows * kCols)), D(kRows);
+  std::vector<C> p(static_cast<size_t>(kRows * kCols)), dp(p.size()), dropped(p.size()), D(kRows);
   for (int64_t b = 0; b < scores.batches(); ++b) {
     const C* qb = q.data<C>() + b * L * E;
     const C* kb = k.data<C>() + b * S * E;
@@ -251,12 +246,11 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
         scores.fill(b, qb, kb, E, i0, rows, j0, cols, p.data());
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t c = 0; c < cols; ++c) p[r * cols + c] = std::exp(p[r * cols + c] - lb[i0 + r]);
-        const Tensor keep = scores.keep(b, i0, rows, j0, cols, local_scores);
+        const Tensor keep = scores.keep(b, i0, rows, j0, cols);
         // dP (of the dropped weights) = dO_i V_j^T.
         gemm(false, true, rows, cols, F, C(1), gb + i0 * F, F, vb + j0 * F, F, C(0), dp.data(), cols);
         if (keep.defined()) {
-          // dV_j += (P Z/(1-p))^T dO_i, with the dropped weights in dp's place for a moment.
-          std::vector<C> dropped(static_cast<size_t>(rows * cols));
+          // dV_j += (P Z/(1-p))^T dO_i.
           const bool* z = keep.data<bool>();
           for (int64_t i = 0; i < rows * cols; ++i) {
             const C factor = z[i] ? scores.keep_scale() : C(0);
@@ -322,6 +316,23 @@ Shape attention_output_shape(const AttentionOperands& o, double dropout_p, bool 
   return out;
 }
 
+detail::AttentionCall detail::attention_call(const AttentionOperands& operands, double dropout_p, bool is_causal,
+                                             std::optional<double> scale, const char* op) {
+  attention_output_shape(operands, dropout_p, is_causal, op);
+  const int64_t nd = operands.q.size();
+  AttentionCall call;
+  call.is_causal = is_causal;
+  call.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(operands.q[nd - 1]));
+  call.dropout_p = dropout_p;
+  call.scores_shape = batch_of(operands.q);
+  call.scores_shape.push_back(operands.q[nd - 2]);
+  call.scores_shape.push_back(operands.k[nd - 2]);
+  call.origin = Shape::filled(nd, 0);
+  // After the checks, so every rank that gets here takes the draw (SPMD: generators stay in step).
+  if (dropout_p > 0) call.draw = default_generator().next(Distribution::bernoulli, 1.0 - dropout_p, 0, DType::b8);
+  return call;
+}
+
 Tensor detail::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call,
                                  Tensor& lse) {
   const Tensor qc = compute_copy(q), kc = compute_copy(k), vc = compute_copy(v);
@@ -354,24 +365,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   constexpr const char* op = "scaled_dot_product_attention";
   TESSERA_CHECK(q.defined() && k.defined() && v.defined() && (!attn_mask || attn_mask->defined()), ValueError, op,
                 "an operand is undefined");
-  AttentionOperands operands{q.shape(), k.shape(), v.shape(), q.dtype(), k.dtype(), v.dtype(), std::nullopt};
-  if (attn_mask) {
-    operands.mask = attn_mask->shape();
-    operands.mask_dtype = attn_mask->dtype();
-    TESSERA_CHECK(!attn_mask->requires_grad(), ValueError, op,
-                  "attn_mask requires a gradient, which this op does not give; pass attn_mask.detach()");
-  }
-  attention_output_shape(operands, dropout_p, is_causal, op);
-  detail::AttentionCall call;
+  detail::AttentionCall call = detail::attention_call(detail::attention_operands(q, k, v, attn_mask, op), dropout_p,
+                                                     is_causal, scale, op);
   call.mask = attn_mask ? &*attn_mask : nullptr;
-  call.is_causal = is_causal;
-  call.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(q.shape()[q.ndim() - 1]));
-  call.dropout_p = dropout_p;
-  call.scores_shape = batch_of(q.shape());
-  call.scores_shape.push_back(q.shape()[q.ndim() - 2]);
-  call.scores_shape.push_back(k.shape()[k.ndim() - 2]);
-  call.origin = Shape::filled(call.scores_shape.size(), 0);
-  if (dropout_p > 0) call.draw = default_generator().next(Distribution::bernoulli, 1.0 - dropout_p, 0, DType::b8);
   Tensor lse;
   Tensor out = detail::attention_forward(q, k, v, call, lse);
   if (autograd::needs_grad<Tensor>({&q, &k, &v})) {

@@ -8,6 +8,7 @@
 #include <tessera/ops/ops.hpp>
 
 #include "rank_test_util.hpp"
+#include "sharded_inputs.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
@@ -34,12 +35,6 @@ Tensor global_of(const Shape& shape, DType dtype) {
   std::vector<float> values(static_cast<size_t>(shape.numel()));
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(static_cast<int64_t>(i * 7 % 23) - 11);
   return from_vector(values, shape).to(dtype);
-}
-
-Tensor block_of(const Tensor& global, const Block& block) {
-  Tensor piece = global;
-  for (int64_t d = 0; d < block.begin.size(); ++d) piece = piece.narrow(d, block.begin[d], block.end[d] - block.begin[d]);
-  return piece.clone();
 }
 
 // This rank's contribution to a Partial layout: the parts over the Partial mesh dims reduce to
