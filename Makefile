@@ -105,8 +105,8 @@ sanitize: deps
 	@norandom=; \
 	if [ "$(findstring thread,$(TESSERA_SANITIZE))" = thread ] && setarch "$$(uname -m)" -R true 2>/dev/null; then \
 	  norandom="setarch $$(uname -m) -R"; fi; \
-	echo "TESSERA_TEST_SAMPLE=8 $$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)"; \
-	TESSERA_TEST_SAMPLE=8 $$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
+	echo "TESSERA_TEST_SAMPLE=8 TESSERA_TEST_MAX_WORLD=4 $$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)"; \
+	TESSERA_TEST_SAMPLE=8 TESSERA_TEST_MAX_WORLD=4 $$norandom ctest --test-dir $(SANITIZE_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
 
 install: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target tessera
