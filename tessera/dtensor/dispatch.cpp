@@ -71,7 +71,8 @@ detail::Decision decide(int op, std::span<const DTensor* const> inputs, const Op
   PlanOptions options;
   options.allow_partial_destination = true;  // a bias joining a Partial output becomes Partial
   const auto cost = [&](const Layout& from, const Layout& to) { return cached_plan(from, to, options)->cost; };
-  OpProposal& chosen = proposals[cheapest_proposal(proposals, layouts, cost, name)];
+  const auto bound = [&](const Layout& from, const Layout& to) { return plan_cost_lower_bound(from, to, options); };
+  OpProposal& chosen = proposals[cheapest_proposal(proposals, layouts, cost, name, bound)];
 
   detail::Decision d;
   const std::vector<int64_t> coordinate = inputs.front()->device_mesh().coordinate();

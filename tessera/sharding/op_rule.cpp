@@ -285,7 +285,7 @@ double planned_cost(const Layout& from, const Layout& to) {
 }
 
 size_t cheapest_proposal(const std::vector<OpProposal>& proposals, const std::vector<const Layout*>& inputs,
-                         const RedistributionCost& cost, std::string_view op) {
+                         const RedistributionCost& cost, std::string_view op, const RedistributionBound& bound) {
   constexpr double kUnreachable = std::numeric_limits<double>::infinity();
   // Strategies share input targets; plan each (input, target) once.
   std::vector<std::vector<std::pair<const Layout*, double>>> memo(inputs.size());
@@ -301,12 +301,27 @@ size_t cheapest_proposal(const std::vector<OpProposal>& proposals, const std::ve
     memo[i].emplace_back(&to, c);
     return c;
   };
+  // Without a bound every proposal is priced in order; with one, in order of its bounded total.
+  std::vector<double> floor(proposals.size(), 0.0);
+  std::vector<size_t> order(proposals.size());
+  for (size_t p = 0; p < proposals.size(); ++p) {
+    order[p] = p;
+    if (bound)
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (!(proposals[p].inputs[i] == *inputs[i])) floor[p] += bound(*inputs[i], proposals[p].inputs[i]);
+  }
+  if (bound) std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return floor[a] < floor[b]; });
+  // A margin for rounding: the bound and the cost add the same terms in different orders.
+  const auto cannot_beat = [](double floor_total, double best) { return floor_total > best + 1e-9 * (1 + best); };
+
   size_t best = proposals.size();
   double best_cost = kUnreachable;
-  for (size_t p = 0; p < proposals.size(); ++p) {
+  for (size_t p : order) {
+    if (cannot_beat(floor[p], best_cost)) break;  // every later floor is at least as high
+    if (floor[p] >= best_cost && p > best) continue;  // at best a tie, and ties go to the first
     double total = 0;
-    for (size_t i = 0; i < inputs.size() && total < best_cost; ++i) total += move_cost(i, proposals[p].inputs[i]);
-    if (total < best_cost) {
+    for (size_t i = 0; i < inputs.size() && total <= best_cost; ++i) total += move_cost(i, proposals[p].inputs[i]);
+    if (total < best_cost || (total == best_cost && total < kUnreachable && p < best)) {
       best = p;
       best_cost = total;
     }

@@ -154,10 +154,15 @@ using RedistributionCost = std::function<double(const Layout& from, const Layout
 /// The planner's cost (plan() with Partial destinations allowed, as ops need for a bias). Pure.
 double planned_cost(const Layout& from, const Layout& to);
 
+/// A lower bound on a RedistributionCost, cheap to compute (plan_cost_lower_bound).
+using RedistributionBound = std::function<double(const Layout& from, const Layout& to)>;
+
 /// Index of the proposal whose input redistributions cost least in total (the first on ties).
-/// Proposals the planner cannot reach are skipped. Throws ShardingError naming `op` and the
-/// inputs when none is reachable.
+/// Proposals the planner cannot reach are skipped. With `bound`, proposals are visited in order
+/// of their bounded total and `cost` is asked only for those that could still win: the same
+/// answer with far fewer plans. Throws ShardingError naming `op` and the inputs when none is
+/// reachable.
 size_t cheapest_proposal(const std::vector<OpProposal>& proposals, const std::vector<const Layout*>& inputs,
-                         const RedistributionCost& cost, std::string_view op);
+                         const RedistributionCost& cost, std::string_view op, const RedistributionBound& bound = {});
 
 }  // namespace tessera

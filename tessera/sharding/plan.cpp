@@ -198,10 +198,19 @@ std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOp
     const Placement* want = same_mesh ? &dst.placements()[static_cast<size_t>(m)] : nullptr;
     if (is_partial(cur) && want && *want == cur) continue;  // the destination keeps it
     std::vector<Placement> targets;
-    if (!is_replicate(cur)) targets.push_back(Replicate{});
-    for (int64_t d = 0; d < nd; ++d)
-      if (!is_shard(cur, d)) targets.push_back(Shard{d});
-    if (options.allow_partial_destination && want && is_partial(*want) && is_replicate(cur)) targets.push_back(*want);
+    if (at.mesh().shape()[m] == 1) {
+      // One rank along m: every placement there holds the same data, so the only useful change
+      // is to the destination's (or, towards another mesh, out of a Partial).
+      if (want && !(*want == cur) && !is_partial(*want)) targets.push_back(*want);
+      else if (want && is_partial(*want) && is_replicate(cur) && options.allow_partial_destination) targets.push_back(*want);
+      else if (want && is_partial(*want) && !is_replicate(cur)) targets.push_back(Replicate{});
+      else if (!want && is_partial(cur)) targets.push_back(Replicate{});
+    } else {
+      if (!is_replicate(cur)) targets.push_back(Replicate{});
+      for (int64_t d = 0; d < nd; ++d)
+        if (!is_shard(cur, d)) targets.push_back(Shard{d});
+      if (options.allow_partial_destination && want && is_partial(*want) && is_replicate(cur)) targets.push_back(*want);
+    }
     for (const Placement& target : targets) {
       Placements placements = at.placements();
       placements[static_cast<size_t>(m)] = target;
@@ -230,6 +239,42 @@ std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOp
   }
   if (same_mesh) out.push_back(dst);
   return out;
+}
+
+// A lower bound on the score of every path the search can take from `at` to `dst`, from three
+// counts no step can avoid:
+// - bytes: what the busiest destination rank lacks (a Partial counts as holding its block; its
+//   reduction still has to bring the block in, so this only undercounts);
+// - messages: a Partial mesh dim of k ranks that dst does not keep needs a reduction over it
+//   (k - 1 messages at least, one step per dim); otherwise one message if any byte must move;
+// - steps (the tie-break): one if the layouts differ, two if several mesh dims differ (an
+//   exchange's tie-break counts two).
+// It never overestimates, and a step lowers it by at most the step's own score, so A* with it
+// returns what Dijkstra would.
+double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options) {
+  if (at == dst) return 0;
+  const bool same_mesh = at.mesh() == dst.mesh();
+  int64_t lacking = 0;
+  for (int r : dst.mesh().ranks()) {
+    const Block want = dst.block_of_rank(r);
+    int64_t held = 0;
+    if (same_mesh || at.mesh().contains(r)) held = at.block_of_rank(r).intersect(want).numel();
+    lacking = std::max(lacking, want.numel() - held);
+  }
+  int64_t reductions = 0, reduce_messages = 0, differing = 0;
+  for (int64_t m = 0; m < at.mesh().ndim(); ++m) {
+    const Placement& p = at.placements()[static_cast<size_t>(m)];
+    const bool differs = !same_mesh || !(p == dst.placements()[static_cast<size_t>(m)]);
+    differing += differs;
+    if (is_partial(p) && differs && at.mesh().shape()[m] > 1) {
+      ++reductions;
+      reduce_messages += at.mesh().shape()[m] - 1;
+    }
+  }
+  const double bytes = static_cast<double>(lacking * itemsize(dst.dtype()));
+  const int64_t messages = std::max<int64_t>(lacking > 0 ? 1 : 0, reduce_messages);
+  const double steps = std::max(differing >= 2 ? 0.5 : 0.25, 0.25 * static_cast<double>(reductions));
+  return bytes + options.message_cost_bytes * static_cast<double>(messages) + steps;
 }
 
 Placements without_partial(const Placements& placements) {
@@ -305,31 +350,36 @@ std::string Plan::to_string() const {
 }
 
 int64_t plan_lower_bound(const Layout& src, const Layout& dst) {
-  if (!src.has_partial()) {
-    int64_t most = 0;
-    for (int r : dst.mesh().ranks()) most = std::max(most, receive_lower_bound(src, dst, r));
-    return most;
-  }
-  // The reduction over each Partial dim, then moving the reduced values as a non-Partial source
-  // would (Partial dims the destination keeps are neither reduced nor counted).
+  // Partial mesh dims the destination keeps are Q independent problems; the others hold K
+  // distinct contributions of every element that must be combined.
   const bool same_mesh = src.mesh() == dst.mesh();
-  const int64_t item = itemsize(src.dtype());
-  int64_t bound = 0;
-  Placements reduced = src.placements();
+  int64_t contributions = 1, kept = 1;
   for (int64_t m = 0; m < src.mesh().ndim(); ++m) {
     const Placement& p = src.placements()[static_cast<size_t>(m)];
     if (!is_partial(p)) continue;
-    reduced[static_cast<size_t>(m)] = Replicate{};
-    if (same_mesh && dst.placements()[static_cast<size_t>(m)] == p) continue;
-    const int64_t k = src.mesh().shape()[m];
-    const bool scatters = same_mesh && is_shard(dst.placements()[static_cast<size_t>(m)]);
-    bound += (scatters ? 1 : 2) * (k - 1) * max_block_numel(src) * item / k;
+    (same_mesh && dst.placements()[static_cast<size_t>(m)] == p ? kept : contributions) *= src.mesh().shape()[m];
   }
-  if (dst.has_partial()) return bound;
-  const Layout values = src.with_placements(reduced);
-  int64_t moved = 0;
-  for (int r : dst.mesh().ranks()) moved = std::max(moved, receive_lower_bound(values, dst, r));
-  return bound + moved;
+  const int64_t item = itemsize(src.dtype());
+  // Per rank: every element of its destination block it does not hold, and with K > 1 every
+  // element at all (it cannot hold all K contributions).
+  int64_t busiest = 0, destination_elements = 0;
+  for (int r : dst.mesh().ranks()) {
+    const Block want = dst.block_of_rank(r);
+    destination_elements += want.numel();
+    const int64_t held = src.mesh().contains(r) ? src.block_of_rank(r).intersect(want).numel() : 0;
+    busiest = std::max(busiest, contributions > 1 ? want.numel() : want.numel() - held);
+  }
+  if (contributions == 1) return busiest * item;
+  // Over all ranks: combining K contributions of an element takes K - 1 receives of it, and its
+  // H destination holders need H - 1 more (the one that combined it may hold it). Summed over
+  // elements and divided over the ranks, that is what the average rank, so the busiest, receives.
+  // [P, P] -> [R, R] on 2x2: (3 + 3) N / 4 = 1.5 N, what reduce-scatter twice then all-gather
+  // twice achieves (the per-dim sum would say 2 N).
+  std::vector<int> ranks = src.mesh().ranks();
+  for (int r : dst.mesh().ranks())
+    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) ranks.push_back(r);
+  const int64_t total = (contributions - 2) * src.global_shape().numel() * kept + destination_elements;
+  return std::max(busiest * item, total * item / static_cast<int64_t>(ranks.size()));
 }
 
 namespace {
@@ -337,6 +387,10 @@ thread_local uint64_t plan_calls = 0;
 }  // namespace
 
 uint64_t plan_call_count() { return plan_calls; }
+
+double plan_cost_lower_bound(const Layout& src, const Layout& dst, const PlanOptions& options) {
+  return remaining_bound(src, dst, options);
+}
 
 Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   ++plan_calls;
@@ -367,7 +421,8 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   const Layout exchange_target =
       dst.has_partial() ? dst.with_placements(without_partial(dst.placements())) : dst;
 
-  // Dijkstra over layouts. Steps live in `edges`; each reached layout remembers its best edge.
+  // A* over layouts, ordered by score so far plus remaining_bound. Steps live in `edges`; each
+  // reached layout remembers its best edge. A layout reached again more cheaply is expanded again.
   struct Reached {
     double score;
     int edge;  // -1 for the source
@@ -375,25 +430,32 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   };
   std::unordered_map<Layout, Reached> reached;
   std::vector<std::pair<int, PlanStep>> edges;  // (index of the layout's predecessor edge, step)
-  using Entry = std::pair<double, Layout>;
-  auto later = [](const Entry& a, const Entry& b) { return a.first > b.first; };
+  struct Entry {
+    double estimate;  // score + remaining_bound: what the search orders by
+    double score;
+    Layout layout;
+  };
+  auto later = [](const Entry& a, const Entry& b) { return a.estimate > b.estimate; };
   std::priority_queue<Entry, std::vector<Entry>, decltype(later)> frontier(later);
   reached.emplace(src, Reached{0, -1});
-  frontier.push({0, src});
+  frontier.push({remaining_bound(src, dst, options), 0, src});
 
   auto relax = [&](const Layout& from, double base, PlanStep step) {
     const double score = base + step_score(step, options);
     const Layout to = step.after;
     auto it = reached.find(to);
-    if (it != reached.end() && (it->second.done || it->second.score <= score)) return;
-    edges.push_back({reached.at(from).edge, std::move(step)});
+    if (it != reached.end() && it->second.score <= score) return;
+    const int via = reached.at(from).edge;
+    edges.push_back({via, std::move(step)});
     reached[to] = Reached{score, static_cast<int>(edges.size()) - 1};
-    frontier.push({score, to});
+    frontier.push({score + remaining_bound(to, dst, options), score, to});
   };
 
   while (!frontier.empty()) {
-    auto [score, at] = frontier.top();
+    Entry top = frontier.top();
     frontier.pop();
+    const double score = top.score;
+    const Layout& at = top.layout;
     auto& node = reached.at(at);
     if (node.done || score > node.score) continue;
     node.done = true;

@@ -1,7 +1,10 @@
 // Rule tables without ranks: factor notation, rows, strategies and the cheapest proposal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <tessera/sharding/op_rules.hpp>
+#include <tessera/sharding/plan.hpp>
 #include <tessera/sharding/view_rules.hpp>
 
 #include "test_util.hpp"
@@ -92,4 +95,57 @@ TEST(ViewRules, ReshapeKeepsShardingWhereItMapsCleanly) {
   EXPECT_EQ(permute_proposal(on(kSquare, {2, 3, 4}, {Shard{2}, Shard{0}}), {2, 0, 1}).output.placements(),
             (Placements{Shard{0}, Shard{1}}));
   EXPECT_EQ(expand_proposal(on(kLine, {4, 1}, {Shard{1}}), {2, 4, 3}).inputs[0].placements(), (Placements{Replicate{}}));
+}
+
+// The dispatcher prices strategies in order of plan_cost_lower_bound and plans only those that
+// could still win: it must choose exactly what planning every strategy chooses, with far fewer plans.
+TEST(OpRules, TheBoundedSearchChoosesWhatPricingEveryStrategyChooses) {
+  RuleRegistry registry;
+  register_builtin_rules(registry);
+  PlanOptions options;
+  options.allow_partial_destination = true;
+  int64_t planned_all = 0, planned_bounded = 0, cases = 0;
+  const auto counted = [&](int64_t& counter) {
+    return [&counter, options](const Layout& from, const Layout& to) {
+      ++counter;
+      return plan(from, to, options).cost;
+    };
+  };
+  const auto bound = [&](const Layout& from, const Layout& to) { return plan_cost_lower_bound(from, to, options); };
+  const std::vector<MeshSpec> meshes = {MeshSpec(Shape{1, 1, 1}, {"a", "b", "c"}), MeshSpec(Shape{2, 1, 2}, {"a", "b", "c"}),
+                                        MeshSpec(Shape{2, 2, 2}, {"a", "b", "c"}), MeshSpec(Shape{2, 3}, {"a", "b"})};
+  for (const MeshSpec& mesh : meshes) {
+    const int64_t n = mesh.ndim();
+    const std::vector<Placements> pick = {
+        Placements(static_cast<size_t>(n), Replicate{}), [&] { Placements p(static_cast<size_t>(n), Replicate{}); p[0] = Shard{0}; p.back() = Shard{1}; return p; }(),
+        [&] { Placements p(static_cast<size_t>(n), Shard{1}); p[0] = Partial{}; return p; }(),
+        [&] { Placements p(static_cast<size_t>(n), Shard{0}); p.back() = Replicate{}; return p; }()};
+    for (const Placements& a : pick)
+      for (const Placements& b : pick) {
+        struct Case {
+          const char* op;
+          std::vector<Layout> inputs;
+          OpArgs args;
+        };
+        const bool b_partial = std::any_of(b.begin(), b.end(), [](const Placement& p) { return is_partial(p); });
+        std::vector<Case> ops = {{"matmul", {on(mesh, {8, 6}, a), on(mesh, {6, 5}, b)}, {}},
+                                 {"add", {on(mesh, {7, 6}, a), on(mesh, {7, 6}, b)}, {}},
+                                 {"sum", {on(mesh, {7, 6}, a)}, ReduceArgs{{1}}}};
+        if (!b_partial) ops.push_back({"softmax", {on(mesh, {7, 6}, b)}, DimArgs{1}});
+        for (const Case& c : ops) {
+          SCOPED_TRACE(std::string(c.op) + " on " + mesh.to_string() + " from " + to_string(a) + ", " + to_string(b));
+          std::vector<const Layout*> pointers;
+          for (const auto& l : c.inputs) pointers.push_back(&l);
+          const auto proposals = (*registry.rule(registry.id(c.op)))(pointers, c.args);
+          const size_t every = cheapest_proposal(proposals, pointers, counted(planned_all), c.op);
+          const size_t bounded = cheapest_proposal(proposals, pointers, counted(planned_bounded), c.op, bound);
+          EXPECT_EQ(bounded, every) << proposals[bounded].output.to_string() << " instead of "
+                                    << proposals[every].output.to_string();
+          ++cases;
+        }
+      }
+  }
+  EXPECT_GT(cases, 200);
+  // Not a timing: a count. The bounded search plans a small fraction of what pricing all does.
+  EXPECT_LT(planned_bounded * 5, planned_all) << planned_bounded << " plans with the bound, " << planned_all << " without";
 }

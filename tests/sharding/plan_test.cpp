@@ -4,7 +4,9 @@
 // contribution exactly once. Bytes are compared with a brute-force lower bound.
 #include <gtest/gtest.h>
 
+#include <iostream>
 #include <map>
+#include <optional>
 
 #include <tessera/sharding/plan.hpp>
 
@@ -367,4 +369,106 @@ TEST(Plan, MismatchedLayoutsAreErrorsNamingBoth) {
                                          {"global shapes differ: [4, 4] f32 on mesh[x=2] as (S(0)) -> [4, 5]"}));
   EXPECT_TRUE(throws_with<ShardingError>([&] { plan(a, Layout(Shape{4, 4}, DType::f64, mesh, {Shard{0}})); },
                                          {"dtypes differ"}));
+}
+
+// plan_cost_lower_bound guides the search (A*) and lets the dispatcher skip strategies: it must
+// never exceed what the plan costs, for every pair (Partial sources and destinations included)
+// under both cost models, and be exact when nothing moves.
+TEST(Plan, CostLowerBoundNeverExceedsThePlannedCost) {
+  PlanOptions partial_ok;
+  partial_ok.allow_partial_destination = true;
+  PlanOptions bytes_partial_ok = bytes_only;
+  bytes_partial_ok.allow_partial_destination = true;
+  int64_t pairs = 0;
+  std::vector<MeshSpec> meshes = test_meshes();
+  meshes.push_back(MeshSpec(Shape{1, 1, 1}, {"a", "b", "c"}));
+  meshes.push_back(MeshSpec(Shape{2, 1, 2}, {"a", "b", "c"}));
+  for (const MeshSpec& mesh : meshes) {
+    const auto layouts = layouts_on(mesh, Shape{7, 5}, {Partial{}, Replicate{}, Shard{0}, Shard{1}});
+    for (const Layout& src : layouts)
+      for (const Layout& dst : layouts) {
+        if (mesh.ndim() == 3 && (pairs++ % 7) != 0) continue;  // a sample of the 3-d pairs
+        for (const PlanOptions& options : {partial_ok, bytes_partial_ok}) {
+          std::optional<Plan> p;
+          try {
+            p = plan(src, dst, options);
+          } catch (const ShardingError&) {
+            continue;  // P(sum) -> another Partial: refused, nothing to bound
+          }
+          const double bound = plan_cost_lower_bound(src, dst, options);
+          ASSERT_LE(bound, p->cost) << explain(*p);
+          if (src == dst) ASSERT_EQ(bound, 0.0);
+          else ASSERT_GT(bound, 0.0);
+        }
+      }
+  }
+}
+
+// A mesh dim of one rank holds the same data under every placement: the plan changes it only to
+// the destination's placement, and costs what the same move costs on the mesh without that dim,
+// plus at most the tie-break of one extra step (the search skips every other placement there).
+TEST(Plan, UnitMeshDimsCostOnlyTheirTieBreak) {
+  const MeshSpec square(Shape{2, 2}, {"a", "c"});
+  const MeshSpec padded(Shape{2, 1, 2}, {"a", "b", "c"});
+  std::vector<Layout> layouts;  // the default shard order: pad() keeps the placements only
+  for (const Layout& l : layouts_on(square, Shape{7, 5}, {Partial{}, Replicate{}, Shard{0}, Shard{1}}))
+    if (l == Layout(l.global_shape(), l.dtype(), square, l.placements())) layouts.push_back(l);
+  const std::vector<Placement> middles = {Replicate{}, Shard{0}, Shard{1}};
+  for (const Layout& src : layouts)
+    for (const Layout& dst : layouts) {
+      if (dst.has_partial() && !(src.placements() == dst.placements())) continue;
+      for (const Placement& from : middles)
+        for (const Placement& to : middles) {
+          const auto pad = [&](const Layout& l, const Placement& middle) {
+            return Layout(l.global_shape(), l.dtype(), padded, {l.placements()[0], middle, l.placements()[1]});
+          };
+          const Layout a = pad(src, from), b = pad(dst, to);
+          SCOPED_TRACE(a.to_string() + " -> " + b.to_string());
+          const Plan flat = plan(src, dst), unit = plan(a, b);
+          check_valid(unit);
+          // Every flat plan is a unit-mesh plan plus at most one step, and every unit-mesh plan
+          // without its unit-dim steps is a flat plan.
+          EXPECT_LE(unit.cost, flat.cost + 0.5 + 1e-9) << explain(flat) << explain(unit);
+          EXPECT_GE(unit.cost, flat.cost - 1e-9) << explain(flat) << explain(unit);
+          for (const PlanStep& step : unit.steps)
+            if (step.mesh_dim == 1) EXPECT_EQ(step.after.placements()[1], to) << explain(unit);
+        }
+    }
+}
+
+// Item 9 of issue 12: plan_lower_bound summed a bound per Partial mesh dim, more than the plan
+// achieves for [P, P] -> [R, R]. It must be a bound for every pair (checked against the
+// bytes-optimal plan of every Partial source), and exact where the collectives are optimal.
+TEST(Plan, LowerBoundHoldsForMultiDimPartialSources) {
+  int64_t pairs = 0, at_bound = 0;
+  double worst = 1;
+  for (const MeshSpec& mesh : test_meshes())
+    for (const Shape& shape : {Shape{7, 5}, Shape{8, 6}}) {
+      if (mesh.ndim() == 3 && shape[0] == 8) continue;
+      const auto sources = layouts_on(mesh, shape, {Partial{}, Replicate{}, Shard{0}, Shard{1}});
+      const auto dests = layouts_on(mesh, shape, {Replicate{}, Shard{0}, Shard{1}});
+      for (const Layout& src : sources) {
+        if (!src.has_partial()) continue;
+        for (const Layout& dst : dests) {
+          const Plan p = plan(src, dst, bytes_only);
+          const int64_t bound = plan_lower_bound(src, dst);
+          ASSERT_LE(bound, p.max_bytes_received()) << explain(p);
+          ++pairs;
+          at_bound += bound == p.max_bytes_received();
+          if (bound > 0) worst = std::max(worst, static_cast<double>(p.max_bytes_received()) / static_cast<double>(bound));
+        }
+      }
+    }
+  EXPECT_GT(pairs, 2000);
+  std::cout << "[          ] multi-dim Partial: " << pairs << " pairs, " << at_bound << " at the bound, worst plan/bound "
+            << worst << "\n";
+  // All-reduce over every mesh dim at once: (K - 1)/K reduce-scattered then gathered, 2 (K - 1)/K.
+  for (const MeshSpec& mesh : {MeshSpec(Shape{2, 2}, {"a", "b"}), MeshSpec(Shape{2, 2, 2}, {"a", "b", "c"})}) {
+    const Placements all_partial(static_cast<size_t>(mesh.ndim()), Partial{});
+    const Layout src(Shape{64, 32}, DType::f32, mesh, all_partial);
+    const Layout dst = src.with_placements(Placements(static_cast<size_t>(mesh.ndim()), Replicate{}));
+    const int64_t k = mesh.size(), bytes = 64 * 32 * 4;
+    EXPECT_EQ(plan_lower_bound(src, dst), 2 * (k - 1) * bytes / k);
+    EXPECT_EQ(plan(src, dst, bytes_only).max_bytes_received(), plan_lower_bound(src, dst)) << explain(plan(src, dst, bytes_only));
+  }
 }
