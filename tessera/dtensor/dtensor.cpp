@@ -101,11 +101,26 @@ struct PlanKeyHash {
   }
 };
 
+struct PlanCache {
+  std::mutex mutex;
+  std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash> plans;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache cache;
+  return cache;
+}
+
 }  // namespace
 
+void clear_plan_cache() {
+  PlanCache& cache = plan_cache();
+  std::lock_guard lock(cache.mutex);
+  cache.plans.clear();
+}
+
 std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
-  static std::mutex mutex;
-  static std::unordered_map<PlanKey, std::shared_ptr<const Plan>, PlanKeyHash> cache;
+  auto& [mutex, cache] = plan_cache();
   PlanKey key{src, dst, options.message_cost_bytes, options.allow_partial_destination};
   {
     std::lock_guard lock(mutex);

@@ -237,5 +237,8 @@ std::ostream& operator<<(std::ostream& out, const DTensor& x);
 /// The plan a redistribution from `src` to `dst` runs: plan() memoised per process (pure, so
 /// every rank computes the same one). Thread-safe.
 std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst, const PlanOptions& options = {});
+/// Forgets every memoised plan (benchmarks time a cold planner with it). Thread-safe; plans
+/// already handed out stay valid.
+void clear_plan_cache();
 
 }  // namespace tessera
