@@ -212,13 +212,13 @@ TEST(Failure, SkippedCollectiveTimesOutNamingCallSequenceGroupAndMissingRank) {
     if (r != 2) timed_out.fetch_add(1);
   });
   outcomes.expect({0, 1}, {"[all_reduce]", "timeout after 1 s", "all_reduce(f32, count=4, op=sum) #2",
-                           "group[0, 1, 2] (threads)", "group ranks [2] did not arrive"});
+                           "group[0, 1, 2] (threads)", "world ranks [2] did not arrive"});
   for (int r : {0, 1}) {
     EXPECT_GE(elapsed[static_cast<size_t>(r)], 0.9) << "rank " << r;
     EXPECT_LT(elapsed[static_cast<size_t>(r)], 10.0) << "rank " << r;
   }
   // The late rank learns at once that the group failed, and why.
-  outcomes.expect({2}, {"[all_reduce]", "failed earlier", "group ranks [2] did not arrive"});
+  outcomes.expect({2}, {"[all_reduce]", "failed earlier", "world ranks [2] did not arrive"});
   EXPECT_LT(elapsed[2], 0.9) << "refused at once, not after a timeout of its own";
 }
 
@@ -233,7 +233,7 @@ TEST(Failure, SkippedCollectiveUncaughtFailsLaunch) {
           if (rank() == 0) world().barrier();  // rank 1 never comes
         });
       },
-      {"rank 0 failed", "[barrier] timeout", "barrier() #0", "group[0, 1] (threads)", "group ranks [1] did not arrive"}));
+      {"rank 0 failed", "[barrier] timeout", "barrier() #0", "group[0, 1] (threads)", "world ranks [1] did not arrive"}));
   EXPECT_LT(seconds_since(start), 10.0);
 }
 
@@ -253,7 +253,7 @@ TEST(Failure, SkippedCollectiveInSubgroupNamesItsMissingRank) {
     }
   });
   outcomes.expect({1}, {"[all_reduce]", "all_reduce(i32, count=1, op=sum) #0", "group[1, 3] (threads)",
-                        "group ranks [1] did not arrive"});
+                        "world ranks [3] did not arrive"});  // world rank 3 is group rank 1: name the one the program knows
   EXPECT_FALSE(outcomes.caught(0));
   EXPECT_FALSE(outcomes.caught(2));
 }
@@ -330,6 +330,24 @@ TEST(Failure, DifferentCollectivesNameBothSignatures) {
     });
   });
   outcomes.expect({0, 1}, {"rank 0 called all_reduce(f32, count=4, op=sum) #0", "rank 1 called barrier() #0"});
+}
+
+// In a subgroup the mismatch names world ranks: in the column {1, 3} of a 2x2 world, world rank
+// 3 (its group rank 1) is the odd one.
+TEST(Failure, DesyncInASubgroupNamesWorldRanks) {
+  TESSERA_SKIP_UNDER_MPI();
+  TimeoutGuard timeout(60);
+  Outcomes outcomes(4);
+  launch(4, [&] {
+    const int r = rank();
+    auto col = world().split(r % 2, r / 2);  // {0, 2} and {1, 3}
+    float buf[4] = {};
+    outcomes.record([&] { r == 3 ? col->barrier() : col->all_reduce(buf, 4, DType::f32, ReduceOp::sum); });
+  });
+  outcomes.expect({1, 3}, {"collective mismatch on group[1, 3]", "world rank 1 called all_reduce(f32, count=4, op=sum) #0",
+                           "world rank 3 called barrier() #0"});
+  EXPECT_FALSE(outcomes.caught(0));
+  EXPECT_FALSE(outcomes.caught(2));
 }
 
 TEST(Failure, MismatchedVCountsAreCommErrors) {

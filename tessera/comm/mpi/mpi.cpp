@@ -623,8 +623,9 @@ class MpiCommunicator final : public Communicator {
     for (int r = 1; r < n; ++r) {
       const CollectiveCall other = call_of(r);
       if (other.matches(first) && other.sequence == first.sequence) continue;
-      fail_exactly(o, concat("collective mismatch on ", group_.description, ": rank 0 called ", first.to_string(), " #",
-                             first.sequence, ", rank ", r, " called ", other.to_string(), " #", other.sequence));
+      fail_exactly(o, concat("collective mismatch on ", group_.description, ": world rank ", o.world_rank(0), " called ",
+                             first.to_string(), " #", first.sequence, ", world rank ", o.world_rank(r), " called ",
+                             other.to_string(), " #", other.sequence));
     }
     if (counts && !recv_counts) {  // all_gather_v, reduce_scatter_v: one counts vector, equal everywhere
       for (int r = 0; r < n; ++r) {

@@ -179,10 +179,11 @@ class Group {
         std::ostringstream missing;
         int n = 0;
         for (int r = 0; r < size_; ++r)
-          if (arrivals_[static_cast<size_t>(r)].load(std::memory_order_acquire) < mine) missing << (n++ ? ", " : "") << r;
+          if (arrivals_[static_cast<size_t>(r)].load(std::memory_order_acquire) < mine)
+            missing << (n++ ? ", " : "") << world_ranks_[static_cast<size_t>(r)];
         const std::string reason = detail::concat(
             "timeout after ", comm_timeout_seconds(), " s in ", call.to_string(), " #", call.sequence, " on ", describe(),
-            ": group ranks [", missing.str(), "] did not arrive");
+            ": world ranks [", missing.str(), "] did not arrive");
         lock.unlock();
         fail(reason);
         throw CommError(detail::concat("[", name(call.kind), "] ", reason));
@@ -198,8 +199,9 @@ class Group {
       const Slot& other = slot(r);
       if (other.call.matches(first.call) && other.call.sequence == first.call.sequence) continue;
       const std::string reason = detail::concat(
-          "collective mismatch on ", describe(), ": rank 0 called ", first.call.to_string(), " #", first.call.sequence,
-          ", rank ", r, " called ", other.call.to_string(), " #", other.call.sequence);
+          "collective mismatch on ", describe(), ": world rank ", world_ranks_[0], " called ", first.call.to_string(),
+          " #", first.call.sequence, ", world rank ", world_ranks_[static_cast<size_t>(r)], " called ",
+          other.call.to_string(), " #", other.call.sequence);
       fail(reason);
       throw CommError(detail::concat("[", name(call.kind), "] ", reason));
     }

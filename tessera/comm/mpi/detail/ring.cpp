@@ -237,8 +237,8 @@ void exchange(Op& op, const std::vector<Transfer>& sends, const std::vector<Tran
     }
     std::ostringstream text;
     const auto ranks = [&](const std::vector<int>& peers) {
-      text << "group ranks [";
-      for (size_t i = 0; i < peers.size(); ++i) text << (i ? ", " : "") << peers[i];
+      text << "world ranks [";  // what the user's program knows; group indices would mislead
+      for (size_t i = 0; i < peers.size(); ++i) text << (i ? ", " : "") << op.world_rank(peers[i]);
       text << "]";
     };
     if (!silent.empty()) {
