@@ -14,6 +14,7 @@
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/dtensor/sharded_op.hpp>
+#include <tessera/dtensor/explicit_redistribution.hpp>
 #include <tessera/autograd/gradcheck.hpp>
 #include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/debug/visualize_sharding.hpp>

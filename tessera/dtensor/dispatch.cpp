@@ -7,6 +7,7 @@
 
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/redistribute.hpp>
+#include <tessera/dtensor/explicit_redistribution.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera {
@@ -149,6 +150,9 @@ DTensor dispatch(int op, std::span<const DTensor* const> inputs, const OpArgs& a
     spilled.resize(inputs.size());
     locals = spilled;
   }
+  if (ExplicitRedistributionContext::active())  // refuse before any input moves
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (d.plans[i]) check_implicit_redistribution(rule_registry().name(op), i, *d.plans[i]);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& held = DTensorAccess::local(*inputs[i]);
     locals[i] = d.plans[i] ? run_plan(*d.plans[i], held, mesh, mesh) : held;

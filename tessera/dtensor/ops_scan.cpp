@@ -6,6 +6,7 @@
 #include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/dispatch.hpp>
+#include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
@@ -19,6 +20,7 @@ namespace tessera {
 namespace {
 
 using detail::DTensorAccess;
+using detail::implicit_redistribute;
 
 // Ranks outside the mesh hold no local; a default-constructed DTensor has no mesh at all.
 void check_defined(const DTensor& x, const char* op) {
@@ -58,7 +60,7 @@ DTensor scan(const DTensor& x, int64_t dim, const char* op) {
                                   : scannable(x, d, product ? std::initializer_list<ReduceOp>{}
                                                             : std::initializer_list<ReduceOp>{ReduceOp::sum, ReduceOp::avg},
                                               placements);
-  const DTensor xr = x.ndim() == 0 || placements == x.placements() ? x : x.redistribute(placements);
+  const DTensor xr = x.ndim() == 0 ? x : implicit_redistribute(x, x.device_mesh(), x.layout().with_placements(placements), op);
   const DeviceMesh& mesh = xr.device_mesh();
   const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const Layout out_layout = xr.layout().with_dtype(out_dtype);
@@ -110,7 +112,7 @@ ValuesIndices<DTensor> sort(const DTensor& x, int64_t dim, bool descending) {
   Placements placements = x.placements();
   for (auto& p : placements)
     if (is_partial(p) || (x.ndim() > 0 && std::get_if<Shard>(&p) && std::get<Shard>(p).dim == d)) p = Replicate{};
-  const DTensor xr = placements == x.placements() ? x : x.redistribute(placements);
+  const DTensor xr = implicit_redistribute(x, x.device_mesh(), x.layout().with_placements(placements), "sort");
   const DeviceMesh& mesh = xr.device_mesh();
   if (!mesh.is_member()) return {};
   ValuesIndices<Tensor> local = sort(DTensorAccess::local(xr).detach(), d, descending);
@@ -126,14 +128,15 @@ ValuesIndices<DTensor> topk(const DTensor& x, int64_t k, int64_t dim, bool large
   if (x.ndim() == 0) {
     TESSERA_CHECK(k == 1, ValueError, "topk", "k = ", k, " for a 0-d tensor; expected 1");
     const Placements replicated(x.placements().size(), Replicate{});
-    return {x.redistribute(replicated), zeros({}, x.device_mesh(), replicated, DType::i64)};
+    return {implicit_redistribute(x, x.device_mesh(), x.layout().with_placements(replicated), "topk"),
+            zeros({}, x.device_mesh(), replicated, DType::i64)};
   }
   const int64_t n = x.shape()[d];
   TESSERA_CHECK(k >= 0 && k <= n, ValueError, "topk", "k = ", k, " out of range for dim ", d, " of size ", n,
                 " (shape ", x.shape().to_string(), ")");
   Placements placements;
   const int64_t m = scannable(x, d, {}, placements);
-  const DTensor xr = placements == x.placements() ? x : x.redistribute(placements);
+  const DTensor xr = implicit_redistribute(x, x.device_mesh(), x.layout().with_placements(placements), "topk");
   const DeviceMesh& mesh = xr.device_mesh();
   // The result: dim d of size k, whole on every rank of mesh dim m.
   Placements out_placements = xr.placements();

@@ -1,8 +1,10 @@
 #pragma once
 // Runs redistribute plans (sharding/plan.hpp) on local blocks. Internal to the dtensor layer.
+#include <string_view>
 #include <vector>
 
 #include <tessera/core/tensor.hpp>
+#include <tessera/dtensor/dtensor.hpp>
 #include <tessera/mesh/device_mesh.hpp>
 #include <tessera/sharding/plan.hpp>
 
@@ -21,5 +23,15 @@ Tensor run_exchange(const std::vector<Transfer>& transfers, const Tensor& local,
 
 /// The view of `tensor` (holding block `whole`) covering `piece` (inside `whole`).
 Tensor view_of(const Tensor& tensor, const Block& whole, const Block& piece);
+
+/// Throws ShardingError naming `op` and its input index when an ExplicitRedistributionContext
+/// refuses `plan` (it moves data, or any plan under a strict scope); returns otherwise. Every
+/// rank runs the same ops, so every rank throws alike, before communicating.
+void check_implicit_redistribution(std::string_view op, size_t input, const Plan& plan);
+
+/// x redistributed to `to` on behalf of `op` (the library moving an input the user did not ask
+/// to move): checked against an ExplicitRedistributionContext first.
+DTensor implicit_redistribute(const DTensor& x, const DeviceMesh& mesh, const Layout& to, std::string_view op,
+                              size_t input = 0);
 
 }  // namespace tessera::detail
