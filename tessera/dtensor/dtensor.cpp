@@ -236,24 +236,26 @@ Tensor DTensor::to_local(std::vector<Placement> grad_placements) const {
   return out;
 }
 
-DTensor DTensor::redistribute(std::vector<Placement> placements) const {
+DTensor DTensor::redistribute(std::vector<Placement> placements, const RedistributeOptions& options) const {
   placements = normalized(std::move(placements), ndim());
   TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh_.ndim(), ShardingError, "DTensor::redistribute",
                 tessera::to_string(placements), " has ", placements.size(), " placements for ", layout_->to_string());
-  return redistribute(mesh_, layout_->with_placements(std::move(placements)));
+  return redistribute(mesh_, layout_->with_placements(std::move(placements)), options);
 }
 
-DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> placements) const {
+DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> placements,
+                              const RedistributeOptions& options) const {
   placements = normalized(std::move(placements), ndim());
-  if (mesh.spec() == mesh_.spec()) return redistribute(std::move(placements));
+  if (mesh.spec() == mesh_.spec()) return redistribute(std::move(placements), options);
   TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), ShardingError, "DTensor::redistribute",
                 tessera::to_string(placements), " has ", placements.size(), " placements for ", mesh.to_string());
-  return redistribute(mesh, Layout(shape(), dtype(), mesh.spec(), std::move(placements)));
+  return redistribute(mesh, Layout(shape(), dtype(), mesh.spec(), std::move(placements)), options);
 }
 
-DTensor DTensor::redistribute(const DeviceMesh& mesh, const Layout& layout) const {
+DTensor DTensor::redistribute(const DeviceMesh& mesh, const Layout& layout, const RedistributeOptions& options) const {
   TESSERA_CHECK(mesh.spec() == layout.mesh(), ShardingError, "DTensor::redistribute", "layout ", layout.to_string(),
                 " is not on ", mesh.to_string());
+  if (options.forward_dtype || options.backward_dtype) return redistribute_in(mesh, layout, options);
   if (layout == *layout_) {
     DTensor same(local_, mesh, layout);
     same.autograd_ = autograd_;
@@ -266,6 +268,27 @@ DTensor DTensor::redistribute(const DeviceMesh& mesh, const Layout& layout) cons
                               [mesh = mesh_, source = gradient_layout(*layout_)](const DTensor& g) {
                                 return std::vector<DTensor>{g.redistribute(mesh, source)};
                               });
+  return out;
+}
+
+// A redistribution that communicates in other dtypes: forward_dtype for the values (the result
+// keeps it), backward_dtype for the gradient (which reaches the input in the input's dtype).
+DTensor DTensor::redistribute_in(const DeviceMesh& mesh, const Layout& layout, const RedistributeOptions& options) const {
+  TESSERA_CHECK(defined() || !mesh_.is_member(), ShardingError, "DTensor::redistribute", "the DTensor is undefined");
+  const DType forward = options.forward_dtype.value_or(dtype());
+  DTensor out;
+  {
+    const autograd::NoGradGuard untracked;  // one node below stands for the cast and the move
+    out = to(forward).redistribute(mesh, layout.with_dtype(forward));
+  }
+  if (autograd::needs_grad<DTensor>({this}))
+    autograd::record<DTensor>(
+        "redistribute", out, {this},
+        [mesh = mesh_, source = gradient_layout(*layout_), backward = options.backward_dtype](const DTensor& g) {
+          const DType moving = backward.value_or(g.dtype());
+          return std::vector<DTensor>{
+              g.to(moving).redistribute(mesh, source.with_dtype(moving)).to(source.dtype())};
+        });
   return out;
 }
 

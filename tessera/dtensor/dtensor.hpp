@@ -42,6 +42,17 @@ struct FromLocalOptions {
 /// Reductions of DTensor::reduce (Monarch's mesh reduce).
 enum class MeshReduction : uint8_t { sum, avg, max, min, stack };
 
+/// How a redistribution communicates (PyTorch's forward_dtype / backward_dtype). Value type.
+/// Example: `x.redistribute({Replicate{}}, {.forward_dtype = DType::bf16})` all-gathers half the
+/// bytes of an f32 x and returns a bf16 DTensor.
+struct RedistributeOptions {
+  /// Cast the local block to this dtype, then move it: the result has this dtype.
+  std::optional<DType> forward_dtype;
+  /// In the backward, cast the gradient to this dtype, move it, and hand it to the input in the
+  /// input's dtype (default: the gradient moves in the result's dtype).
+  std::optional<DType> backward_dtype;
+};
+
 class DTensor {
  public:
   DTensor() = default;
@@ -70,12 +81,14 @@ class DTensor {
   /// The same tensor with other placements (shard orders and explicit sizes kept where they
   /// still apply). Communicates. Throws ShardingError for a Partial destination, P(op) ->
   /// P(other op), or a placement count that does not match the mesh.
-  DTensor redistribute(std::vector<Placement> placements) const;
+  /// `options` as PyTorch's redistribute keywords: communicate in another dtype.
+  DTensor redistribute(std::vector<Placement> placements, const RedistributeOptions& options = {}) const;
   /// The same tensor on another mesh of the same world (Monarch to_mesh), broadcasting over mesh
   /// dims the source lacks. Every rank of both meshes calls it. Communicates.
-  DTensor redistribute(const DeviceMesh& mesh, std::vector<Placement> placements) const;
+  DTensor redistribute(const DeviceMesh& mesh, std::vector<Placement> placements,
+                       const RedistributeOptions& options = {}) const;
   /// The same tensor in any layout (shard orders, explicit sizes, another mesh).
-  DTensor redistribute(const DeviceMesh& mesh, const Layout& layout) const;
+  DTensor redistribute(const DeviceMesh& mesh, const Layout& layout, const RedistributeOptions& options = {}) const;
 
   /// Monarch's mesh reduction over the named mesh dims, treating the locals along them as values:
   /// sum/avg/max/min -> all_reduce (scatter: reduce_scatter along the local's dim 0); stack ->
@@ -166,6 +179,7 @@ class DTensor {
   void set_autograd_meta(std::shared_ptr<autograd::Meta> meta) { autograd_ = std::move(meta); }
 
  private:
+  DTensor redistribute_in(const DeviceMesh& mesh, const Layout& layout, const RedistributeOptions& options) const;
   Tensor local_;
   DeviceMesh mesh_{};
   // Shared so that copies and dispatch outputs cost a reference count, not a layout copy.
