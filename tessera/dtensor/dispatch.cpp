@@ -125,9 +125,12 @@ DTensor dispatch(int op, std::span<const DTensor* const> inputs, const OpArgs& a
   } else {
     // Validation runs on the miss path only: a hit means these exact layouts passed before.
     const std::string name = rule_registry().name(op);
-    for (const DTensor* t : inputs) {
-      TESSERA_CHECK(t->defined() || !t->device_mesh().is_member(), ShardingError, name,
-                    "an input is an undefined DTensor");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const DTensor* t = inputs[i];
+      // A default-constructed DTensor has no mesh at all (a real mesh has a rank); a rank outside
+      // the mesh holds no local but is not undefined.
+      TESSERA_CHECK(t->device_mesh().size() > 0 && (t->defined() || !t->device_mesh().is_member()), ShardingError,
+                    name, "input ", i, " is an undefined DTensor (default-constructed)");
       TESSERA_CHECK(t->layout().mesh() == mesh.spec(), ShardingError, name, "inputs live on different meshes: ",
                     describe(inputs), "; move one with redistribute(mesh, placements)");
     }

@@ -15,9 +15,16 @@ namespace tessera {
 
 namespace {
 
-Placements normalized(Placements placements, int64_t ndim) {
+// Negative shard dims counted from the end, once; a dim out of range is the caller's error,
+// named as theirs (not the Layout's they would otherwise meet).
+Placements normalized(Placements placements, int64_t ndim, std::string_view call) {
+  const std::string given = tessera::to_string(placements);
   for (auto& p : placements)
-    if (auto* s = std::get_if<Shard>(&p); s && s->dim < 0 && s->dim >= -ndim) s->dim += ndim;
+    if (auto* s = std::get_if<Shard>(&p)) {
+      TESSERA_CHECK(s->dim >= -ndim && s->dim < ndim, ShardingError, call, "placements ", given, ": shard dim ",
+                    s->dim, " is out of range for a tensor of ", ndim, " dims");
+      if (s->dim < 0) s->dim += ndim;
+    }
   return placements;
 }
 
@@ -161,7 +168,7 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Pl
                             FromLocalOptions options) {
   TESSERA_CHECK(local.defined(), ShardingError, "DTensor::from_local", "undefined local tensor for ",
                 tessera::to_string(placements), " on ", mesh.to_string());
-  placements = normalized(std::move(placements), local.ndim());
+  placements = normalized(std::move(placements), local.ndim(), "DTensor::from_local");
   TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), ShardingError, "DTensor::from_local",
                 tessera::to_string(placements), " has ", placements.size(), " placements for ", mesh.to_string());
   Shape global = local.shape();
@@ -224,7 +231,7 @@ Tensor DTensor::to_local() const {
 Tensor DTensor::to_local(std::vector<Placement> grad_placements) const {
   Tensor out = local_;
   if (!autograd::needs_grad<DTensor>({this})) return out;
-  grad_placements = normalized(std::move(grad_placements), ndim());
+  grad_placements = normalized(std::move(grad_placements), ndim(), "DTensor::to_local");
   TESSERA_CHECK(static_cast<int64_t>(grad_placements.size()) == mesh_.ndim(), ShardingError, "DTensor::to_local",
                 "grad_placements ", tessera::to_string(grad_placements), " has ", grad_placements.size(),
                 " placements for ", layout_->to_string());
@@ -237,7 +244,7 @@ Tensor DTensor::to_local(std::vector<Placement> grad_placements) const {
 }
 
 DTensor DTensor::redistribute(std::vector<Placement> placements, const RedistributeOptions& options) const {
-  placements = normalized(std::move(placements), ndim());
+  placements = normalized(std::move(placements), ndim(), "DTensor::redistribute");
   TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh_.ndim(), ShardingError, "DTensor::redistribute",
                 tessera::to_string(placements), " has ", placements.size(), " placements for ", layout_->to_string());
   return redistribute(mesh_, layout_->with_placements(std::move(placements)), options);
@@ -245,7 +252,7 @@ DTensor DTensor::redistribute(std::vector<Placement> placements, const Redistrib
 
 DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> placements,
                               const RedistributeOptions& options) const {
-  placements = normalized(std::move(placements), ndim());
+  placements = normalized(std::move(placements), ndim(), "DTensor::redistribute");
   if (mesh.spec() == mesh_.spec()) return redistribute(std::move(placements), options);
   TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), ShardingError, "DTensor::redistribute",
                 tessera::to_string(placements), " has ", placements.size(), " placements for ", mesh.to_string());

@@ -8,7 +8,16 @@
 namespace tessera {
 
 void register_sharding(const std::string& op, const std::string& equation) {
-  const FactorRule rule = FactorRule::parse(equation);
+  const FactorRule rule = [&] {
+    try {
+      return FactorRule::parse(equation);
+    } catch (const ValueError& e) {
+      // The parser's message, under the user's call: "[register_sharding] op 'f': equation ...".
+      std::string_view why = e.what();
+      if (why.starts_with('[')) why.remove_prefix(std::min(why.size(), why.find("] ") + 2));
+      throw ValueError(detail::concat("[register_sharding] op '", op, "': ", why));
+    }
+  }();
   rule_registry().set(op, [rule, op](const std::vector<const Layout*>& inputs, const OpArgs&) {
     return factor_proposals(rule, inputs, op);
   });

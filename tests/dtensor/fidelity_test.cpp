@@ -239,3 +239,20 @@ TEST(Fidelity, AMissOnA3dMeshPlansOnlyStrategiesThatCouldWin) {
     planned("add", 40, [&] { return add(x, y); }, add(gx, gy));
   });
 }
+
+// Item 14: errors name the user's call, not an internal layer, and say what is wrong.
+TEST(Fidelity, ErrorsNameTheUsersCall) {
+  for_each_world({2}, [] {
+    const DeviceMesh mesh = line_mesh();
+    const DTensor a = zeros(Shape{4, 3}, mesh, {Shard{0}});
+    EXPECT_TRUE(sharding_error([&] { (void)DTensor::from_local(ones(Shape{2, 3}), mesh, {Shard{4}}); },
+                               {"[DTensor::from_local]", "(S(4))", "shard dim 4 is out of range for a tensor of 2 dims"}));
+    EXPECT_TRUE(sharding_error([&] { (void)a.redistribute({Shard{-3}}); },
+                               {"[DTensor::redistribute]", "shard dim -3 is out of range"}));
+    EXPECT_TRUE(throws_with<ValueError>([] { register_sharding("fidelity_bad_rule", "ab,bc->ad"); },
+                                        {"[register_sharding]", "op 'fidelity_bad_rule'", "'d'"}));
+    // An undefined DTensor in an op says so (it used to report "different meshes").
+    EXPECT_TRUE(sharding_error([&] { (void)add(DTensor(), a); }, {"[add]", "input 0 is an undefined DTensor"}));
+    EXPECT_TRUE(sharding_error([&] { (void)matmul(a, DTensor()); }, {"[matmul]", "input 1 is an undefined DTensor"}));
+  });
+}
