@@ -9,8 +9,12 @@
 
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/ops/elementwise.hpp>
+#include <tessera/runtime/runtime.hpp>
 
 namespace tessera::testing {
+
+/// A 1-d mesh, axis "x", over the whole world.
+inline DeviceMesh line_mesh() { return DeviceMesh({world_size()}, {"x"}); }
 
 /// Integer-valued data in [-11, 11] (sums of parts stay exact); `positive` shifts it to [1, 23].
 inline Tensor data(const Shape& shape, int seed, bool positive = false) {

@@ -7,31 +7,24 @@ namespace tessera {
 
 namespace {
 // The innermost open scope of this thread (rank), or null.
-thread_local const ExplicitRedistributionContext* innermost = nullptr;
+thread_local const ExplicitRedistributionContext* open_scope = nullptr;
 }  // namespace
 
-struct ExplicitRedistributionAccess {
-  static bool enabled(const ExplicitRedistributionContext& c) { return c.enable_; }
-  static bool strict(const ExplicitRedistributionContext& c) { return c.strict_; }
-};
-
 ExplicitRedistributionContext::ExplicitRedistributionContext(bool enable, bool strict)
-    : previous_(innermost), enable_(enable), strict_(strict) {
-  innermost = this;
+    : previous_(open_scope), enable_(enable), strict_(strict) {
+  open_scope = this;
 }
 
-ExplicitRedistributionContext::~ExplicitRedistributionContext() { innermost = previous_; }
+ExplicitRedistributionContext::~ExplicitRedistributionContext() { open_scope = previous_; }
 
-bool ExplicitRedistributionContext::active() {
-  return innermost != nullptr && ExplicitRedistributionAccess::enabled(*innermost);
-}
+const ExplicitRedistributionContext* ExplicitRedistributionContext::innermost() { return open_scope; }
 
 namespace detail {
 
 void check_implicit_redistribution(std::string_view op, size_t input, const Plan& plan) {
   if (!ExplicitRedistributionContext::active()) return;
   const bool moves = plan.messages() > 0 || plan.total_bytes_received() > 0;
-  if (!moves && !ExplicitRedistributionAccess::strict(*innermost)) return;
+  if (!moves && !ExplicitRedistributionContext::innermost()->strict()) return;
   TESSERA_CHECK(false, ShardingError, op, "input ", input, " must be redistributed from ",
                 to_string(plan.src.placements()), " to ", to_string(plan.dst.placements()), " (",
                 plan.src.global_shape().to_string(), " on ", plan.src.mesh().to_string(),
@@ -40,11 +33,11 @@ void check_implicit_redistribution(std::string_view op, size_t input, const Plan
                 explain(plan));
 }
 
-DTensor implicit_redistribute(const DTensor& x, const DeviceMesh& mesh, const Layout& to, std::string_view op,
-                              size_t input) {
+DTensor implicit_redistribute(const DTensor& x, Placements placements, std::string_view op) {
+  const Layout to = x.layout().with_placements(std::move(placements));
   if (x.layout() == to) return x;
-  if (ExplicitRedistributionContext::active()) check_implicit_redistribution(op, input, *cached_plan(x.layout(), to));
-  return x.redistribute(mesh, to);
+  if (ExplicitRedistributionContext::active()) check_implicit_redistribution(op, 0, *cached_plan(x.layout(), to));
+  return x.redistribute(x.device_mesh(), to);
 }
 
 }  // namespace detail

@@ -60,7 +60,7 @@ DTensor scan(const DTensor& x, int64_t dim, const char* op) {
                                   : scannable(x, d, product ? std::initializer_list<ReduceOp>{}
                                                             : std::initializer_list<ReduceOp>{ReduceOp::sum, ReduceOp::avg},
                                               placements);
-  const DTensor xr = x.ndim() == 0 ? x : implicit_redistribute(x, x.device_mesh(), x.layout().with_placements(placements), op);
+  const DTensor xr = x.ndim() == 0 ? x : implicit_redistribute(x, placements, op);
   const DeviceMesh& mesh = xr.device_mesh();
   const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : DType::i64;
   const Layout out_layout = xr.layout().with_dtype(out_dtype);
@@ -112,7 +112,7 @@ ValuesIndices<DTensor> sort(const DTensor& x, int64_t dim, bool descending) {
   Placements placements = x.placements();
   for (auto& p : placements)
     if (is_partial(p) || (x.ndim() > 0 && std::get_if<Shard>(&p) && std::get<Shard>(p).dim == d)) p = Replicate{};
-  const DTensor xr = implicit_redistribute(x, x.device_mesh(), x.layout().with_placements(placements), "sort");
+  const DTensor xr = implicit_redistribute(x, placements, "sort");
   const DeviceMesh& mesh = xr.device_mesh();
   if (!mesh.is_member()) return {};
   ValuesIndices<Tensor> local = sort(DTensorAccess::local(xr).detach(), d, descending);
@@ -128,15 +128,14 @@ ValuesIndices<DTensor> topk(const DTensor& x, int64_t k, int64_t dim, bool large
   if (x.ndim() == 0) {
     TESSERA_CHECK(k == 1, ValueError, "topk", "k = ", k, " for a 0-d tensor; expected 1");
     const Placements replicated(x.placements().size(), Replicate{});
-    return {implicit_redistribute(x, x.device_mesh(), x.layout().with_placements(replicated), "topk"),
-            zeros({}, x.device_mesh(), replicated, DType::i64)};
+    return {implicit_redistribute(x, replicated, "topk"), zeros({}, x.device_mesh(), replicated, DType::i64)};
   }
   const int64_t n = x.shape()[d];
   TESSERA_CHECK(k >= 0 && k <= n, ValueError, "topk", "k = ", k, " out of range for dim ", d, " of size ", n,
                 " (shape ", x.shape().to_string(), ")");
   Placements placements;
   const int64_t m = scannable(x, d, {}, placements);
-  const DTensor xr = implicit_redistribute(x, x.device_mesh(), x.layout().with_placements(placements), "topk");
+  const DTensor xr = implicit_redistribute(x, placements, "topk");
   const DeviceMesh& mesh = xr.device_mesh();
   // The result: dim d of size k, whole on every rank of mesh dim m.
   Placements out_placements = xr.placements();

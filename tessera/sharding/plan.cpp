@@ -51,6 +51,18 @@ int64_t max_block_numel(const Layout& layout) {
   return most;
 }
 
+// Elements of its destination block the busiest rank of dst does not hold in `at` (a Partial
+// counts as holding its block; a rank outside at's mesh holds nothing).
+int64_t most_lacking(const Layout& at, const Layout& dst) {
+  int64_t most = 0;
+  for (int r : dst.mesh().ranks()) {
+    const Block want = dst.block_of_rank(r);
+    const int64_t held = at.mesh().contains(r) ? at.block_of_rank(r).intersect(want).numel() : 0;
+    most = std::max(most, want.numel() - held);
+  }
+  return most;
+}
+
 // The coordinates of the ranks that differ from `coordinate` only along mesh dim m.
 std::vector<std::vector<int64_t>> group_along(const MeshSpec& mesh, std::vector<int64_t> coordinate, int64_t m) {
   std::vector<std::vector<int64_t>> group;
@@ -254,13 +266,7 @@ std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOp
 double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options) {
   if (at == dst) return 0;
   const bool same_mesh = at.mesh() == dst.mesh();
-  int64_t lacking = 0;
-  for (int r : dst.mesh().ranks()) {
-    const Block want = dst.block_of_rank(r);
-    int64_t held = 0;
-    if (same_mesh || at.mesh().contains(r)) held = at.block_of_rank(r).intersect(want).numel();
-    lacking = std::max(lacking, want.numel() - held);
-  }
+  const int64_t lacking = most_lacking(at, dst);
   int64_t reductions = 0, reduce_messages = 0, differing = 0;
   for (int64_t m = 0; m < at.mesh().ndim(); ++m) {
     const Placement& p = at.placements()[static_cast<size_t>(m)];
@@ -362,14 +368,10 @@ int64_t plan_lower_bound(const Layout& src, const Layout& dst) {
   const int64_t item = itemsize(src.dtype());
   // Per rank: every element of its destination block it does not hold, and with K > 1 every
   // element at all (it cannot hold all K contributions).
-  int64_t busiest = 0, destination_elements = 0;
-  for (int r : dst.mesh().ranks()) {
-    const Block want = dst.block_of_rank(r);
-    destination_elements += want.numel();
-    const int64_t held = src.mesh().contains(r) ? src.block_of_rank(r).intersect(want).numel() : 0;
-    busiest = std::max(busiest, contributions > 1 ? want.numel() : want.numel() - held);
-  }
-  if (contributions == 1) return busiest * item;
+  if (contributions == 1) return most_lacking(src, dst) * item;
+  const int64_t busiest = max_block_numel(dst);
+  int64_t destination_elements = 0;
+  for (int r : dst.mesh().ranks()) destination_elements += dst.block_of_rank(r).numel();
   // Over all ranks: combining K contributions of an element takes K - 1 receives of it, and its
   // H destination holders need H - 1 more (the one that combined it may hold it). Summed over
   // elements and divided over the ranks, that is what the average rank, so the busiest, receives.

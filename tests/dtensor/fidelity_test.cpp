@@ -15,12 +15,6 @@
 using namespace tessera;
 using namespace tessera::testing;
 
-namespace {
-
-DeviceMesh line_mesh() { return DeviceMesh({world_size()}, {"x"}); }
-
-}  // namespace
-
 // Item 2: torch.chunk of an empty dim gives `chunks` empty pieces; so does Tensor's, so must DTensor's.
 TEST(Fidelity, ChunkOfAnEmptyDimGivesChunksEmptyPieces) {
   for_each_world({4}, [] {

@@ -14,12 +14,6 @@
 using namespace tessera;
 using namespace tessera::testing;
 
-namespace {
-
-DeviceMesh line_mesh() { return DeviceMesh({world_size()}, {"x"}); }
-
-}  // namespace
-
 TEST(RedistributeDtype, ForwardDtypeMovesAndReturnsTheCastValues) {
   for_each_world({2, 4}, [] {
     const DeviceMesh mesh = line_mesh();

@@ -29,9 +29,9 @@ Tensor view_of(const Tensor& tensor, const Block& whole, const Block& piece);
 /// rank runs the same ops, so every rank throws alike, before communicating.
 void check_implicit_redistribution(std::string_view op, size_t input, const Plan& plan);
 
-/// x redistributed to `to` on behalf of `op` (the library moving an input the user did not ask
-/// to move): checked against an ExplicitRedistributionContext first.
-DTensor implicit_redistribute(const DTensor& x, const DeviceMesh& mesh, const Layout& to, std::string_view op,
-                              size_t input = 0);
+/// x with `placements` (shard orders kept where they apply), moved on behalf of `op`: the library
+/// moving an op's input the user did not ask to move, so checked against an
+/// ExplicitRedistributionContext first.
+DTensor implicit_redistribute(const DTensor& x, Placements placements, std::string_view op);
 
 }  // namespace tessera::detail
