@@ -102,11 +102,10 @@ RawPlan raw_collectives(const Plan& plan, const DeviceMesh& mesh) {
       raw.calls.push_back([&comm, s, r, send, recv, dtype] { comm.all_to_all_v(s, send, r, recv, dtype); });
       continue;
     }
-    Communicator& comm = mesh.comm(step.mesh_dim);
+    Communicator& comm = *mesh.comm_ptr(step.mesh_dims);
+    const auto group = mesh.spec().group(coordinate, step.mesh_dims);
     std::vector<int64_t> before, after;
-    auto c = coordinate;
-    for (int64_t i = 0; i < mesh.size(step.mesh_dim); ++i) {
-      c[static_cast<size_t>(step.mesh_dim)] = i;
+    for (const auto& c : group) {
       before.push_back(step.before.block(c).numel());
       after.push_back(step.after.block(c).numel());
     }
@@ -125,11 +124,9 @@ RawPlan raw_collectives(const Plan& plan, const DeviceMesh& mesh) {
       case StepKind::all_to_all: {
         // Same pieces as the executor: my block intersected with every peer's new block.
         std::vector<int64_t> send, recv;
-        auto cc = coordinate;
         const Block held = step.before.block(coordinate), want = step.after.block(coordinate);
         int64_t ns = 0, nr = 0;
-        for (int64_t i = 0; i < mesh.size(step.mesh_dim); ++i) {
-          cc[static_cast<size_t>(step.mesh_dim)] = i;
+        for (const auto& cc : group) {
           send.push_back(held.intersect(step.after.block(cc)).numel());
           recv.push_back(want.intersect(step.before.block(cc)).numel());
           ns += send.back();

@@ -69,8 +69,7 @@ detail::Decision decide(int op, std::span<const DTensor* const> inputs, const Op
   std::vector<OpProposal> proposals = (*rule)(layouts, args);
   TESSERA_CHECK(!proposals.empty(), ShardingError, name, "the rule of '", name, "' proposed no strategy for inputs ",
                 describe(inputs));
-  PlanOptions options;
-  options.allow_partial_destination = true;  // a bias joining a Partial output becomes Partial
+  const PlanOptions options = plan_options(true);  // a bias joining a Partial output becomes Partial
   const auto cost = [&](const Layout& from, const Layout& to) { return cached_plan(from, to, options)->cost; };
   const auto bound = [&](const Layout& from, const Layout& to) { return plan_cost_lower_bound(from, to, options); };
   OpProposal& chosen = proposals[cheapest_proposal(proposals, layouts, cost, name, bound)];

@@ -97,13 +97,14 @@ void check_same_layout(const Layout& layout, const Shape& local_shape, const Dev
 
 struct PlanKey {
   Layout src, dst;
-  double message_cost;
+  CostModel cost;
   bool allow_partial;
   friend bool operator==(const PlanKey&, const PlanKey&) = default;
 };
 struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const noexcept {
-    return std::hash<Layout>{}(k.src) * 31 + std::hash<Layout>{}(k.dst) * 7 + std::hash<double>{}(k.message_cost) +
+    return std::hash<Layout>{}(k.src) * 31 + std::hash<Layout>{}(k.dst) * 7 + std::hash<double>{}(k.cost.call_us) +
+           std::hash<double>{}(k.cost.message_us) * 3 + std::hash<double>{}(k.cost.bytes_per_us) * 5 +
            k.allow_partial;
   }
 };
@@ -126,9 +127,16 @@ void clear_plan_cache() {
   cache.plans.clear();
 }
 
+PlanOptions plan_options(bool allow_partial_destination) {
+  PlanOptions options;
+  if (in_rank()) options.cost = CostModel::for_backend(world().backend());
+  options.allow_partial_destination = allow_partial_destination;
+  return options;
+}
+
 std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   auto& [mutex, cache] = plan_cache();
-  PlanKey key{src, dst, options.message_cost_bytes, options.allow_partial_destination};
+  PlanKey key{src, dst, options.cost, options.allow_partial_destination};
   {
     std::lock_guard lock(mutex);
     if (auto it = cache.find(key); it != cache.end()) return it->second;

@@ -248,9 +248,14 @@ bool equal(const DTensor& a, const DTensor& b);
 /// Writes x.to_string(): "DTensor([8, 6] f32 on mesh[dp=2, tp=2] as (S(0), R))".
 std::ostream& operator<<(std::ostream& out, const DTensor& x);
 
+/// The planner's options in this process: the recorded cost model of the running backend
+/// (CostModel::for_backend; the threads model outside a rank) and whether a Partial destination
+/// is allowed (sharded ops need it; a user's redistribute to Partial is an error).
+PlanOptions plan_options(bool allow_partial_destination = false);
 /// The plan a redistribution from `src` to `dst` runs: plan() memoised per process (pure, so
 /// every rank computes the same one). Thread-safe.
-std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst, const PlanOptions& options = {});
+std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst,
+                                        const PlanOptions& options = plan_options());
 /// Forgets every memoised plan (benchmarks time a cold planner with it). Thread-safe; plans
 /// already handed out stay valid.
 void clear_plan_cache();

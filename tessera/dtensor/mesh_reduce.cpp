@@ -64,8 +64,7 @@ ShardOrder orders_with(const Layout& layout, const Placements& placements, int64
 // source already held: allowed here, where a user's redistribute to Partial is not.
 DTensor reduction_move(const Tensor& local, const DeviceMesh& mesh, const Layout& from, const Layout& to) {
   const DTensor source(local, mesh, from);  // checks the local against `from`
-  PlanOptions options;
-  options.allow_partial_destination = true;
+  const PlanOptions options = plan_options(true);
   const auto p = cached_plan(from, to, options);
   return DTensor(detail::run_plan(*p, source.to_local(), mesh, mesh), mesh, to);
 }

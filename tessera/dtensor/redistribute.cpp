@@ -1,4 +1,5 @@
-// Running redistribute plans: each step becomes one collective over one mesh dim, or one
+// Running redistribute plans: each step becomes one collective over one mesh dim or over the
+// group of several (DeviceMesh::comm_ptr(dims)), or one
 // all_to_all_v (point-to-point when no communicator covers the ranks), moving exactly the pieces
 // the planner costed. Buffers are packed only when the pieces are not already consecutive.
 #include <tessera/dtensor/detail/redistribute.hpp>
@@ -117,16 +118,6 @@ struct Landing {
   }
 };
 
-// Coordinates of the ranks along mesh dim m through `coordinate`, in group-rank order.
-std::vector<std::vector<int64_t>> line(const MeshSpec& mesh, std::vector<int64_t> coordinate, int64_t m) {
-  std::vector<std::vector<int64_t>> out;
-  for (int64_t i = 0; i < mesh.shape()[m]; ++i) {
-    coordinate[static_cast<size_t>(m)] = i;
-    out.push_back(coordinate);
-  }
-  return out;
-}
-
 // all_to_all_v of blocks over `comm`: send[j] (inside `held`, from `local`) goes to group rank j,
 // recv[j] (inside `want`) comes from group rank j, self included.
 Tensor all_to_all_blocks(Communicator& comm, const Tensor& local, const Block& held, const std::vector<Block>& send,
@@ -143,9 +134,9 @@ Tensor all_to_all_blocks(Communicator& comm, const Tensor& local, const Block& h
 Tensor copy_step(const PlanStep& step, const DeviceMesh& mesh, const Tensor& local) {
   const auto coordinate = mesh.coordinate();
   const Block held = step.before.block(coordinate), want = step.after.block(coordinate);
-  Communicator& comm = mesh.comm(step.mesh_dim);
+  Communicator& comm = *mesh.comm_ptr(step.mesh_dims);
   std::vector<Block> send, recv;
-  for (const auto& c : line(mesh.spec(), coordinate, step.mesh_dim)) {
+  for (const auto& c : mesh.spec().group(coordinate, step.mesh_dims)) {
     send.push_back(held.intersect(step.after.block(c)));
     recv.push_back(want.intersect(step.before.block(c)));
   }
@@ -168,13 +159,13 @@ Tensor reduce_scatter_step(const PlanStep& step, const DeviceMesh& mesh, const T
   const auto coordinate = mesh.coordinate();
   const Block held = step.before.block(coordinate), want = step.after.block(coordinate);
   std::vector<Block> pieces;
-  for (const auto& c : line(mesh.spec(), coordinate, step.mesh_dim)) pieces.push_back(step.after.block(c));
+  for (const auto& c : mesh.spec().group(coordinate, step.mesh_dims)) pieces.push_back(step.after.block(c));
   Tensor scratch;
   const void* send = packed(local, held, pieces, scratch);
   Tensor out = empty(want.shape(), step.after.dtype());
   const auto counts = counts_of(pieces);
   const bool even = std::all_of(counts.begin(), counts.end(), [&](int64_t n) { return n == counts.front(); });
-  Communicator& comm = mesh.comm(step.mesh_dim);
+  Communicator& comm = *mesh.comm_ptr(step.mesh_dims);
   if (even) comm.reduce_scatter(send, out.raw_data(), counts.front(), out.dtype(), step.op);
   else comm.reduce_scatter_v(send, out.raw_data(), counts, out.dtype(), step.op);
   return out;
@@ -284,9 +275,11 @@ Tensor run_plan(const Plan& plan, const Tensor& local, const DeviceMesh& src_mes
     }
     const DeviceMesh& mesh = step.before.mesh() == src_mesh.spec() ? src_mesh : dst_mesh;
     if (!mesh.is_member()) continue;
-    // Over a mesh dim of one rank every placement holds the same block with the same values
+    // Over mesh dims of one rank every placement holds the same block with the same values
     // (that rank is the whole group): the step is a relabelling, with no call to make.
-    if (mesh.size(step.mesh_dim) == 1) continue;
+    int64_t group_size = 1;
+    for (int64_t m : step.mesh_dims) group_size *= mesh.size(m);
+    if (group_size == 1) continue;
     switch (step.kind) {
       case StepKind::local_chunk: {
         // A view, as DTensor's chunk: no copy (later steps pack what they send anyway).
@@ -306,7 +299,7 @@ Tensor run_plan(const Plan& plan, const Tensor& local, const DeviceMesh& src_mes
         break;
       case StepKind::all_reduce: {
         current = current.clone();
-        mesh.comm(step.mesh_dim).all_reduce(current.raw_data(), current.numel(), current.dtype(), step.op);
+        mesh.comm_ptr(step.mesh_dims)->all_reduce(current.raw_data(), current.numel(), current.dtype(), step.op);
         break;
       }
       case StepKind::exchange:

@@ -3,6 +3,7 @@
 #include <tessera/mesh/device_mesh.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <mutex>
 #include <numeric>
 
@@ -17,6 +18,9 @@ struct DeviceMesh::State {
   bool member = false;
   std::vector<int64_t> coordinate;
   std::vector<std::shared_ptr<Communicator>> dims;  // per mesh dim, through me (members only)
+  // Per set of two or more mesh dims (bit m = mesh dim m): the ranks differing from me only
+  // there, for collectives spanning several dims at once (members only).
+  std::map<uint64_t, std::shared_ptr<Communicator>> spans;
   // Over every rank of the mesh this one was derived from (the constructed mesh): flatten
   // splits it. Null for ranks outside that mesh.
   std::shared_ptr<Communicator> root;
@@ -65,7 +69,23 @@ std::shared_ptr<DeviceMesh::State> DeviceMesh::construct(std::vector<int64_t> sh
     const int key = state->member ? static_cast<int>(state->coordinate[static_cast<size_t>(d)]) : 0;
     state->dims.push_back(world.split(color, key));
   }
-  if (!state->member) state->dims.clear();
+  // One split per set of two or more dims; the set of all is the mesh itself (the root).
+  const uint64_t all = (uint64_t{1} << spec.ndim()) - 1;
+  for (uint64_t mask = 3; mask <= all; ++mask) {
+    if (std::popcount(mask) < 2) continue;
+    if (mask == all) {
+      state->spans[mask] = state->root;
+      continue;
+    }
+    int64_t outside = 0, inside = 0;
+    if (state->member)
+      for (int64_t d = 0; d < spec.ndim(); ++d) {
+        int64_t& index = mask >> d & 1 ? inside : outside;
+        index = index * spec.shape()[d] + state->coordinate[static_cast<size_t>(d)];
+      }
+    state->spans[mask] = world.split(state->member ? static_cast<int>(outside) : -1, static_cast<int>(inside));
+  }
+  if (!state->member) state->dims.clear(), state->spans.clear();
   return state;
 }
 
@@ -92,7 +112,22 @@ std::shared_ptr<Communicator> DeviceMesh::mesh_comm_ptr() const {
   if (!s.member) return nullptr;
   if (s.root && s.root->world_ranks() == s.spec.ranks()) return s.root;
   if (s.spec.ndim() == 1) return s.dims.front();
-  return nullptr;
+  const auto whole = s.spans.find((uint64_t{1} << s.spec.ndim()) - 1);
+  return whole == s.spans.end() ? nullptr : whole->second;
+}
+
+std::shared_ptr<Communicator> DeviceMesh::comm_ptr(const std::vector<int64_t>& dims) const {
+  const State& s = member_state("DeviceMesh::comm");
+  uint64_t mask = 0;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    const int64_t d = dims[i];
+    TESSERA_CHECK(d >= 0 && d < ndim() && (i == 0 || d > dims[i - 1]), ShardingError, "DeviceMesh::comm",
+                  "mesh dims must be ascending and in range for ", to_string(), "; got dim ", d);
+    mask |= uint64_t{1} << d;
+  }
+  TESSERA_CHECK(!dims.empty(), ShardingError, "DeviceMesh::comm", "no mesh dims given for ", to_string());
+  if (dims.size() == 1) return s.dims[static_cast<size_t>(dims.front())];
+  return s.spans.at(mask);
 }
 
 bool DeviceMesh::is_member() const { return state_->member; }
@@ -178,6 +213,18 @@ DeviceMesh DeviceMesh::slice(const std::map<std::string, int64_t>& at) const {
     for (int64_t d : kept) {
       sub->coordinate.push_back(s.coordinate[static_cast<size_t>(d)]);
       sub->dims.push_back(s.dims[static_cast<size_t>(d)]);
+    }
+    // Likewise the groups over several kept axes: the parent's group over the same axes.
+    for (const auto& [mask, comm] : s.spans) {
+      uint64_t sub_mask = 0;
+      bool inside = true;
+      for (int64_t d = 0; d < ndim() && inside; ++d) {
+        if (!(mask >> d & 1)) continue;
+        const auto k = std::find(kept.begin(), kept.end(), d);
+        inside = k != kept.end();
+        if (inside) sub_mask |= uint64_t{1} << (k - kept.begin());
+      }
+      if (inside) sub->spans[sub_mask] = comm;
     }
   }
   return DeviceMesh(sub);

@@ -50,6 +50,11 @@ class DeviceMesh {
   Communicator& comm(int64_t dim) const;
   Communicator& comm(std::string_view axis) const { return comm(spec().dim_of(axis)); }
   std::shared_ptr<Communicator> comm_ptr(int64_t dim) const;
+  /// Communicator over the ranks that differ from the calling rank only in `dims` (ascending;
+  /// group rank = row-major index over them), for collectives spanning several mesh dims at
+  /// once. Created at construction for every set of dims (collectively, like comm(dim)) and
+  /// shared by copies and slices; no communication here.
+  std::shared_ptr<Communicator> comm_ptr(const std::vector<int64_t>& dims) const;
   /// Communicator over exactly the mesh's ranks (group rank = index in spec().ranks()), or null
   /// when none exists without communicating (a slice keeping two or more dims) and on ranks
   /// outside the mesh; callers then fall back to point-to-point messages over the world.

@@ -75,6 +75,23 @@ std::vector<int64_t> MeshSpec::coordinate_of(int world_rank) const {
   return coordinate;
 }
 
+std::vector<std::vector<int64_t>> MeshSpec::group(std::vector<int64_t> coordinate,
+                                                   const std::vector<int64_t>& dims) const {
+  int64_t points = 1;
+  for (int64_t m : dims) points *= shape_[m];
+  std::vector<std::vector<int64_t>> out;
+  out.reserve(static_cast<size_t>(points));
+  for (int64_t f = 0; f < points; ++f) {
+    int64_t rest = f;
+    for (auto m = dims.rbegin(); m != dims.rend(); ++m) {
+      coordinate[static_cast<size_t>(*m)] = rest % shape_[*m];
+      rest /= shape_[*m];
+    }
+    out.push_back(coordinate);
+  }
+  return out;
+}
+
 int MeshSpec::rank_at(const std::vector<int64_t>& coordinate) const {
   TESSERA_CHECK(static_cast<int64_t>(coordinate.size()) == ndim(), ShardingError, "DeviceMesh", "coordinate ",
                 Shape(coordinate).to_string(), " has ", coordinate.size(), " entries for ", to_string());

@@ -38,6 +38,9 @@ class MeshSpec {
   std::vector<int64_t> coordinate_of(int world_rank) const;
   /// World rank at coordinates. Throws ShardingError if out of range.
   int rank_at(const std::vector<int64_t>& coordinate) const;
+  /// The coordinates that differ from `coordinate` only along `dims`, in group-rank order
+  /// (row-major over `dims` as given): the group a collective over those mesh dims spans.
+  std::vector<std::vector<int64_t>> group(std::vector<int64_t> coordinate, const std::vector<int64_t>& dims) const;
   /// "mesh[dp=2, tp=2]"; ranks are shown when they are not 0..size-1: "mesh[tp=2] ranks [4, 5]".
   std::string to_string() const;
 

@@ -169,13 +169,45 @@ Layout Layout::with_placements(Placements placements) const {
   ShardOrder order;
   ShardSizes sizes;
   for (int64_t d = 0; d < ndim(); ++d) {
-    std::vector<int64_t> mine = orders_[static_cast<size_t>(d)], theirs = candidate.orders_[static_cast<size_t>(d)];
+    const std::vector<int64_t>& mine = orders_[static_cast<size_t>(d)];
+    const std::vector<int64_t>& theirs = candidate.orders_[static_cast<size_t>(d)];
     std::vector<int64_t> a = mine, b = theirs;
     std::sort(a.begin(), a.end());
     std::sort(b.begin(), b.end());
-    if (a != b || a.empty()) continue;
-    order[d] = mine;
-    if (explicit_[static_cast<size_t>(d)]) sizes[d] = pieces_[static_cast<size_t>(d)];
+    if (a == b) {
+      if (a.empty()) continue;
+      order[d] = mine;
+      if (explicit_[static_cast<size_t>(d)]) sizes[d] = pieces_[static_cast<size_t>(d)];
+      continue;
+    }
+    if (!explicit_[static_cast<size_t>(d)]) continue;
+    // Explicit pieces survive a mesh dim sharding them further or no longer: a mesh dim that
+    // joins goes innermost and chunks every piece; mesh dims leaving from the inner end merge
+    // their pieces back. (S(0) sizes [3, 0, 5], R) -> (S(0), S(0)) -> (S(0), R) keeps [3, 0, 5].
+    const auto& pieces = pieces_[static_cast<size_t>(d)];
+    std::vector<int64_t> joining, kept;
+    for (int64_t m : theirs)
+      if (std::find(mine.begin(), mine.end(), m) == mine.end()) joining.push_back(m);
+    for (int64_t m : mine)
+      if (std::find(theirs.begin(), theirs.end(), m) != theirs.end()) kept.push_back(m);
+    const bool leaving_inner = std::equal(kept.begin(), kept.end(), mine.begin());
+    if (!joining.empty() && kept == mine) {
+      std::vector<int64_t> splits;
+      for (int64_t m : joining) splits.push_back(mesh_.shape()[m]);
+      std::vector<int64_t> chunked;
+      for (int64_t piece : pieces)
+        for (int64_t s : chunk_sizes(piece, splits)) chunked.push_back(s);
+      order[d] = mine;
+      order[d].insert(order[d].end(), joining.begin(), joining.end());
+      sizes[d] = std::move(chunked);
+    } else if (joining.empty() && leaving_inner && !kept.empty()) {
+      int64_t merged = 1;
+      for (size_t i = kept.size(); i < mine.size(); ++i) merged *= mesh_.shape()[mine[i]];
+      std::vector<int64_t> summed(pieces.size() / static_cast<size_t>(merged), 0);
+      for (size_t i = 0; i < pieces.size(); ++i) summed[i / static_cast<size_t>(merged)] += pieces[i];
+      order[d] = kept;
+      sizes[d] = std::move(summed);
+    }
   }
   return Layout(global_shape_, dtype_, mesh_, std::move(placements), order, sizes);
 }

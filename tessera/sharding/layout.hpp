@@ -76,7 +76,9 @@ class Layout {
   /// Global index of the local piece's first element.
   DimVector global_offset(const std::vector<int64_t>& coordinate) const { return block(coordinate).begin; }
 
-  /// The same layout with other placements (shard order and explicit sizes kept where they still apply).
+  /// The same layout with other placements (shard order and explicit sizes kept where they still
+  /// apply: a mesh dim newly sharding a tensor dim with explicit pieces splits each piece, by
+  /// chunk semantics, innermost; inner mesh dims that stop sharding it merge their pieces back).
   Layout with_placements(Placements placements) const;
 
   /// The same layout for a tensor of another dtype.

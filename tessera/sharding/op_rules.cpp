@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <optional>
 
 #include <tessera/core/error.hpp>
 #include <tessera/sharding/view_rules.hpp>
@@ -216,8 +217,44 @@ Factors without(Factors dims, int64_t dim) {
   return dims;
 }
 
+// cat along a dim the inputs shard alike, when concatenating every rank's pieces gives a piece
+// of the result per rank in rank order (a stencil restoring its boundary rows: [first row (rank
+// 0's piece), interior, last row (the last rank's)]): the inputs stay as they are and the output
+// is sharded with explicit sizes, the sum of the inputs' pieces. nullopt when the pieces do not
+// line up (the factor strategies then move what must move).
+std::optional<OpProposal> lined_up_cat(const std::vector<const Layout*>& inputs, int64_t dim, const Shape& shape) {
+  const Layout& first = *inputs.front();
+  if (first.shard_order(dim).empty()) return std::nullopt;
+  std::vector<int64_t> sums(first.piece_sizes(dim).size(), 0);
+  size_t last_piece = 0;  // the pieces, input by input, must come in rank order
+  for (const Layout* in : inputs) {
+    if (!(in->mesh() == first.mesh()) || in->placements() != first.placements()) return std::nullopt;
+    for (int64_t d = 0; d < first.ndim(); ++d) {
+      if (in->shard_order(d) != first.shard_order(d)) return std::nullopt;
+      if (d != dim && in->piece_sizes(d) != first.piece_sizes(d)) return std::nullopt;
+    }
+    const auto& pieces = in->piece_sizes(dim);
+    for (size_t p = 0; p < pieces.size(); ++p) {
+      if (pieces[p] == 0) continue;
+      if (p < last_piece) return std::nullopt;
+      last_piece = p;
+      sums[p] += pieces[p];
+    }
+  }
+  ShardOrder order;
+  ShardSizes sizes;
+  for (int64_t d = 0; d < first.ndim(); ++d) {
+    if (first.shard_order(d).empty()) continue;
+    order[d] = first.shard_order(d);
+    sizes[d] = d == dim ? sums : first.piece_sizes(d);
+  }
+  std::vector<Layout> same;
+  for (const Layout* in : inputs) same.push_back(*in);
+  return OpProposal{std::move(same), Layout(shape, first.dtype(), first.mesh(), first.placements(), order, sizes)};
+}
+
 // cat and stack: every non-joined dim is shared; the joined dim stays whole; Partials of one op
-// join into that Partial.
+// join into that Partial. cat of lined-up shards keeps them (lined_up_cat).
 ShardingRuleFn joining(bool stacking) {
   return [stacking](const std::vector<const Layout*>& inputs, const OpArgs& args) {
     const int64_t dim = std::get<DimArgs>(args).dim;
@@ -233,7 +270,11 @@ ShardingRuleFn joining(bool stacking) {
     b.output(dims).keep_partial(all, kAllOps);
     std::vector<Shape> shapes;
     for (const auto* in : inputs) shapes.push_back(in->global_shape());
-    return factor_proposals(b.build(), inputs, joined_shape(shapes, dim, stacking).shape);
+    const Shape shape = joined_shape(shapes, dim, stacking).shape;
+    std::vector<OpProposal> proposals = factor_proposals(b.build(), inputs, shape);
+    if (!stacking)
+      if (auto kept = lined_up_cat(inputs, dim, shape)) proposals.insert(proposals.begin(), std::move(*kept));
+    return proposals;
   };
 }
 

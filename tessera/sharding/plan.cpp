@@ -1,6 +1,8 @@
 #include <tessera/sharding/plan.hpp>
 
 #include <algorithm>
+#include <bit>
+#include <cstdio>
 #include <limits>
 #include <optional>
 #include <queue>
@@ -63,50 +65,64 @@ int64_t most_lacking(const Layout& at, const Layout& dst) {
   return most;
 }
 
-// The coordinates of the ranks that differ from `coordinate` only along mesh dim m.
-std::vector<std::vector<int64_t>> group_along(const MeshSpec& mesh, std::vector<int64_t> coordinate, int64_t m) {
-  std::vector<std::vector<int64_t>> group;
-  for (int64_t i = 0; i < mesh.shape()[m]; ++i) {
-    coordinate[static_cast<size_t>(m)] = i;
-    group.push_back(coordinate);
-  }
-  return group;
-}
+// Rounds of a latency-optimal collective over k ranks (recursive halving or doubling): the
+// messages the model charges a rank, ceil(log2 k).
+int64_t rounds(int64_t k) { return k <= 1 ? 0 : std::bit_width(static_cast<uint64_t>(k - 1)); }
 
-// The single mesh dim whose placement differs, or nullopt when none or several differ.
-std::optional<int64_t> single_changed_dim(const Layout& before, const Layout& after) {
-  std::optional<int64_t> changed;
-  for (int64_t m = 0; m < before.mesh().ndim(); ++m) {
-    if (before.placements()[static_cast<size_t>(m)] == after.placements()[static_cast<size_t>(m)]) continue;
-    if (changed) return std::nullopt;
-    changed = m;
-  }
+// The mesh dims whose placement differs, ascending.
+std::vector<int64_t> changed_dims(const Layout& before, const Layout& after) {
+  std::vector<int64_t> changed;
+  for (int64_t m = 0; m < before.mesh().ndim(); ++m)
+    if (!(before.placements()[static_cast<size_t>(m)] == after.placements()[static_cast<size_t>(m)]))
+      changed.push_back(m);
   return changed;
 }
 
-// A step changing only the placement at one mesh dim, costed per rank; nullopt when no single
-// collective does it (the blocks do not line up, or the change is not one of the step kinds).
+// The collective that turns `from` into `to` on one mesh dim, if one does.
+std::optional<StepKind> change_kind(const Placement& from, const Placement& to) {
+  if (is_shard(from) && is_replicate(to)) return StepKind::all_gather;
+  if (is_shard(from) && is_shard(to)) return StepKind::all_to_all;
+  if (is_replicate(from) && is_shard(to)) return StepKind::local_chunk;
+  if (is_partial(from) && is_replicate(to)) return StepKind::all_reduce;
+  if (is_partial(from) && is_shard(to)) return StepKind::reduce_scatter;
+  if (is_replicate(from) && is_partial(to)) return StepKind::to_partial;
+  return std::nullopt;
+}
+
+// Kinds that may span several mesh dims in one call (all_to_all across dims is the exchange).
+bool spans_dims(StepKind kind) {
+  return kind == StepKind::all_gather || kind == StepKind::all_reduce || kind == StepKind::reduce_scatter ||
+         kind == StepKind::local_chunk;
+}
+
+// A step changing the placements at one mesh dim, or at several with the same kind of change
+// (one call over their flattened group), costed per rank; nullopt when no single collective does
+// it (the blocks do not line up, or the change is not one of the step kinds).
 std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after, int world) {
   if (!(before.mesh() == after.mesh())) return std::nullopt;
-  const auto changed = single_changed_dim(before, after);
-  if (!changed) return std::nullopt;
-  const int64_t m = *changed;
-  const Placement& from = before.placements()[static_cast<size_t>(m)];
-  const Placement& to = after.placements()[static_cast<size_t>(m)];
   PlanStep step;
-  step.mesh_dim = m;
-  if (is_shard(from) && is_replicate(to)) step.kind = StepKind::all_gather;
-  else if (is_shard(from) && is_shard(to)) step.kind = StepKind::all_to_all;
-  else if (is_replicate(from) && is_shard(to)) step.kind = StepKind::local_chunk;
-  else if (is_partial(from) && is_replicate(to)) step.kind = StepKind::all_reduce;
-  else if (is_partial(from) && is_shard(to)) step.kind = StepKind::reduce_scatter;
-  else if (is_replicate(from) && is_partial(to)) step.kind = StepKind::to_partial;
-  else return std::nullopt;
-  if (is_partial(from)) step.op = std::get<Partial>(from).op;
-  if (is_partial(to)) step.op = std::get<Partial>(to).op;
+  step.mesh_dims = changed_dims(before, after);
+  if (step.mesh_dims.empty()) return std::nullopt;
+  std::optional<ReduceOp> op;
+  for (int64_t m : step.mesh_dims) {
+    const Placement& from = before.placements()[static_cast<size_t>(m)];
+    const Placement& to = after.placements()[static_cast<size_t>(m)];
+    const auto kind = change_kind(from, to);
+    if (!kind || (m != step.mesh_dims.front() && *kind != step.kind)) return std::nullopt;
+    step.kind = *kind;
+    const Placement& partial = is_partial(from) ? from : to;
+    if (is_partial(partial)) {
+      if (op && *op != std::get<Partial>(partial).op) return std::nullopt;
+      op = std::get<Partial>(partial).op;
+    }
+  }
+  if (step.mesh_dims.size() > 1 && !spans_dims(step.kind)) return std::nullopt;
+  if (step.mesh_dims.size() == 1) step.mesh_dim = step.mesh_dims.front();
+  if (op) step.op = *op;
 
   const MeshSpec& mesh = before.mesh();
-  const int64_t k = mesh.shape()[m];
+  int64_t k = 1;
+  for (int64_t m : step.mesh_dims) k *= mesh.shape()[m];
   const int64_t item = itemsize(before.dtype());
   step.bytes_sent.assign(static_cast<size_t>(world), 0);
   step.bytes_received.assign(static_cast<size_t>(world), 0);
@@ -114,7 +130,6 @@ std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after,
     const auto coordinate = mesh.coordinate_of(r);
     const Block want = after.block(coordinate);
     const Block held = before.block(coordinate);
-    const auto group = group_along(mesh, coordinate, m);
     auto& received = step.bytes_received[static_cast<size_t>(r)];
     switch (step.kind) {
       case StepKind::local_chunk:
@@ -125,9 +140,9 @@ std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after,
         break;
       case StepKind::all_gather:
       case StepKind::all_to_all: {
-        // Source blocks along the group are disjoint (Shard at m): they must cover `want`.
+        // Source blocks along the group are disjoint (Shard at every dim of it): they must cover `want`.
         int64_t covered = 0, peers = 0;
-        for (const auto& c : group) {
+        for (const auto& c : mesh.group(coordinate, step.mesh_dims)) {
           const int64_t piece = before.block(c).intersect(want).numel();
           covered += piece;
           if (c == coordinate || piece == 0) continue;
@@ -136,6 +151,8 @@ std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after,
           ++peers;
         }
         if (covered != want.numel()) return std::nullopt;
+        // A gather relays through log2(k) rounds; an all_to_all sends to each peer directly.
+        if (step.kind == StepKind::all_gather) peers = std::min(peers, rounds(k));
         step.messages = std::max(step.messages, peers);
         break;
       }
@@ -143,24 +160,26 @@ std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after,
         // Every rank of the group holds the same (partial) block; the new blocks must tile it.
         if (!contains(held, want)) return std::nullopt;
         int64_t tiled = 0;
-        for (const auto& c : group) tiled += after.block(c).numel();
+        for (const auto& c : mesh.group(coordinate, step.mesh_dims)) tiled += after.block(c).numel();
         if (tiled != held.numel()) return std::nullopt;
         received = (k - 1) * want.numel() * item;
         step.bytes_sent[static_cast<size_t>(r)] = (held.numel() - want.numel()) * item;
-        step.messages = std::max(step.messages, k - 1);
+        step.messages = std::max(step.messages, rounds(k));  // recursive halving
         break;
       }
       case StepKind::all_reduce:
         if (!(held == want)) return std::nullopt;
-        // Bandwidth-optimal all-reduce: reduce-scatter then all-gather, 2(k-1)/k of the block.
+        // Bandwidth-optimal all-reduce (Rabenseifner: recursive halving then doubling): 2(k-1)/k
+        // of the block in 2 log2(k) rounds.
         received = 2 * (k - 1) * held.numel() * item / k;
         step.bytes_sent[static_cast<size_t>(r)] = received;
-        step.messages = std::max(step.messages, 2 * (k - 1));
+        step.messages = std::max(step.messages, 2 * rounds(k));
         break;
       case StepKind::exchange:
         break;
     }
   }
+  step.calls = step.messages > 0 ? 1 : 0;
   step.before = before;
   step.after = after;
   return step;
@@ -184,23 +203,104 @@ PlanStep exchange_step(const Layout& before, const Layout& after, int world) {
     if (std::find(p.begin(), p.end(), t.dst_rank) == p.end()) p.push_back(t.dst_rank);
   }
   for (const auto& p : peers) step.messages = std::max<int64_t>(step.messages, static_cast<int64_t>(p.size()));
+  step.calls = step.messages > 0 ? 1 : 0;
   return step;
 }
 
-// Time of a step ~ the busiest receiver plus the message latency; the lower bound is on
-// receives, so that is what the model counts (sends are balanced by direct_exchange). A tiny
-// share of the total breaks ties toward plans that move less overall.
+// Time of a step (CostModel) in bytes: the busiest receiver plus the call and message latency;
+// the lower bound is on receives, so that is what the model counts (sends are balanced by
+// direct_exchange). A tiny share of the total breaks ties toward plans that move less overall.
 double step_score(const PlanStep& step, const PlanOptions& options) {
   int64_t busiest = 0, total = 0;
   for (int64_t b : step.bytes_received) busiest = std::max(busiest, b), total += b;
   // Ties go to fewer steps, and to a collective over an exchange of the same cost.
   const double tie = step.kind == StepKind::exchange ? 0.5 : 0.25;
   return static_cast<double>(busiest) + 1e-3 * static_cast<double>(total) +
-         options.message_cost_bytes * static_cast<double>(step.messages) + tie;
+         options.cost.message_bytes() * static_cast<double>(step.messages) +
+         options.cost.call_bytes() * static_cast<double>(step.calls) + tie;
+}
+
+// `at` with the placements at `changes`' mesh dims replaced, the shard order kept for the other
+// mesh dims and each changed one inserted at `position` in its tensor dim's order (-1: innermost).
+// Explicit sizes stay on tensor dims sharded as before. nullopt if that is not a layout.
+std::optional<Layout> changed_layout(const Layout& at, const std::vector<std::pair<int64_t, Placement>>& changes,
+                                     int64_t position = -1) {
+  Placements placements = at.placements();
+  for (const auto& [m, p] : changes) placements[static_cast<size_t>(m)] = p;
+  ShardOrder order;
+  ShardSizes sizes;
+  for (int64_t d = 0; d < at.ndim(); ++d) {
+    std::vector<int64_t> o = at.shard_order(d);
+    for (const auto& change : changes) o.erase(std::remove(o.begin(), o.end(), change.first), o.end());
+    bool sharded_now = false;
+    for (const auto& [m, p] : changes)
+      if (is_shard(p, d)) {
+        o.insert(position < 0 ? o.end() : o.begin() + position, m);
+        sharded_now = true;
+      }
+    if (!o.empty()) order[d] = o;
+    if (at.has_explicit_sizes(d) && !sharded_now && o == at.shard_order(d)) sizes[d] = at.piece_sizes(d);
+  }
+  try {
+    return Layout(at.global_shape(), at.dtype(), at.mesh(), placements, order, sizes);
+  } catch (const ShardingError&) {
+    return std::nullopt;  // not a layout (cannot happen for well-formed inputs): nothing to explore
+  }
+}
+
+// Changes of several mesh dims at once towards dst, each one call over their flattened group:
+// Partials of one op reduced together (to Replicate, or scattered to dst's Shards), Shards dst
+// replicates gathered together, Replicates dst shards chunked together. Every subset of two or
+// more such dims is a candidate.
+void multi_dim_neighbours(const Layout& at, const Layout& dst, std::vector<Layout>& out) {
+  struct Group {
+    std::vector<int64_t> dims;
+    bool to_destination;  // each dim takes dst's placement; else Replicate
+  };
+  std::vector<Group> groups;
+  std::vector<std::pair<ReduceOp, Group>> reduce_all, scatter_all;
+  Group gather{{}, false}, chunk{{}, true};
+  for (int64_t m = 0; m < at.mesh().ndim(); ++m) {
+    const Placement& cur = at.placements()[static_cast<size_t>(m)];
+    const Placement& want = dst.placements()[static_cast<size_t>(m)];
+    if (at.mesh().shape()[m] == 1 || cur == want) continue;
+    if (is_partial(cur)) {
+      const ReduceOp op = std::get<Partial>(cur).op;
+      auto add = [&](std::vector<std::pair<ReduceOp, Group>>& list, bool to_destination) {
+        auto it = std::find_if(list.begin(), list.end(), [&](const auto& e) { return e.first == op; });
+        if (it == list.end()) list.push_back({op, Group{{}, to_destination}}), it = list.end() - 1;
+        it->second.dims.push_back(m);
+      };
+      add(reduce_all, false);
+      if (is_shard(want)) add(scatter_all, true);
+    } else if (is_shard(cur) && is_replicate(want)) {
+      gather.dims.push_back(m);
+    } else if (is_replicate(cur) && is_shard(want)) {
+      chunk.dims.push_back(m);
+    }
+  }
+  for (auto& [op, g] : reduce_all) groups.push_back(std::move(g));
+  for (auto& [op, g] : scatter_all) groups.push_back(std::move(g));
+  groups.push_back(std::move(gather));
+  groups.push_back(std::move(chunk));
+  for (const Group& g : groups) {
+    const auto n = static_cast<uint32_t>(g.dims.size());
+    if (n < 2) continue;
+    for (uint32_t mask = 1; mask < (1u << n); ++mask) {
+      if (std::popcount(mask) < 2) continue;
+      std::vector<std::pair<int64_t, Placement>> changes;
+      for (uint32_t i = 0; i < n; ++i)
+        if (mask & (1u << i)) {
+          const int64_t m = g.dims[i];
+          changes.emplace_back(m, g.to_destination ? dst.placements()[static_cast<size_t>(m)] : Placement{Replicate{}});
+        }
+      if (auto next = changed_layout(at, changes)) out.push_back(std::move(*next));
+    }
+  }
 }
 
 // The layouts one placement change at one mesh dim away from `at`, with every position of the
-// mesh dim in the new shard order. Explicit sizes stay on tensor dims sharded as before.
+// mesh dim in the new shard order; on a shared mesh also several dims at once (multi_dim_neighbours).
 std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOptions& options) {
   const bool same_mesh = at.mesh() == dst.mesh();
   const int64_t nd = at.ndim();
@@ -224,63 +324,58 @@ std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOp
       if (options.allow_partial_destination && want && is_partial(*want) && is_replicate(cur)) targets.push_back(*want);
     }
     for (const Placement& target : targets) {
-      Placements placements = at.placements();
-      placements[static_cast<size_t>(m)] = target;
-      ShardOrder order;
-      ShardSizes sizes;
-      for (int64_t d = 0; d < nd; ++d) {
-        std::vector<int64_t> o = at.shard_order(d);
-        o.erase(std::remove(o.begin(), o.end(), m), o.end());
-        if (!o.empty()) order[d] = o;
-        if (at.has_explicit_sizes(d) && o == at.shard_order(d) && !is_shard(target, d)) sizes[d] = at.piece_sizes(d);
+      int64_t positions = 1;
+      if (is_shard(target)) {
+        auto order = at.shard_order(std::get<Shard>(target).dim);
+        positions = static_cast<int64_t>(order.size()) + 1 -
+                    static_cast<int64_t>(std::count(order.begin(), order.end(), m));
       }
-      const int64_t positions = is_shard(target) ? static_cast<int64_t>(order[std::get<Shard>(target).dim].size()) + 1 : 1;
-      for (int64_t pos = 0; pos < positions; ++pos) {
-        ShardOrder o = order;
-        if (is_shard(target)) {
-          auto& list = o[std::get<Shard>(target).dim];
-          list.insert(list.begin() + pos, m);
-        }
-        try {
-          out.emplace_back(at.global_shape(), at.dtype(), at.mesh(), placements, o, sizes);
-        } catch (const ShardingError&) {
-          // Not a layout (cannot happen for well-formed inputs); nothing to explore.
-        }
-      }
+      for (int64_t pos = 0; pos < positions; ++pos)
+        if (auto next = changed_layout(at, {{m, target}}, pos)) out.push_back(std::move(*next));
     }
   }
-  if (same_mesh) out.push_back(dst);
+  if (same_mesh) {
+    multi_dim_neighbours(at, dst, out);
+    out.push_back(dst);
+  }
   return out;
 }
 
-// A lower bound on the score of every path the search can take from `at` to `dst`, from three
+// A lower bound on the score of every path the search can take from `at` to `dst`, from four
 // counts no step can avoid:
 // - bytes: what the busiest destination rank lacks (a Partial counts as holding its block; its
 //   reduction still has to bring the block in, so this only undercounts);
-// - messages: a Partial mesh dim of k ranks that dst does not keep needs a reduction over it
-//   (k - 1 messages at least, one step per dim); otherwise one message if any byte must move;
-// - steps (the tie-break): one if the layouts differ, two if several mesh dims differ (an
-//   exchange's tie-break counts two).
+// - messages: the Partial mesh dims dst does not keep, of k1, k2, ... ranks, need reductions over
+//   them: rounds(k1 k2 ...) messages at least, however they are grouped into calls (rounds of a
+//   product never exceed the sum of the rounds); otherwise one message if any byte must move;
+// - calls: one if anything must move;
+// - steps (the tie-break): one step changes mesh dims of one kind only, and the kind follows
+//   from the placement left (Shard: gather or all_to_all; Replicate: chunk or to_partial;
+//   Partial: a reduction), so each class of placement among the differing dims takes a step of
+//   its own, unless one exchange (tie 0.5; after the reductions if any) does the rest.
 // It never overestimates, and a step lowers it by at most the step's own score, so A* with it
 // returns what Dijkstra would.
 double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options) {
   if (at == dst) return 0;
   const bool same_mesh = at.mesh() == dst.mesh();
   const int64_t lacking = most_lacking(at, dst);
-  int64_t reductions = 0, reduce_messages = 0, differing = 0;
+  int64_t reduced_ranks = 1;
+  bool leaves[3] = {false, false, false};  // a differing mesh dim leaves Shard, Replicate, Partial
   for (int64_t m = 0; m < at.mesh().ndim(); ++m) {
     const Placement& p = at.placements()[static_cast<size_t>(m)];
     const bool differs = !same_mesh || !(p == dst.placements()[static_cast<size_t>(m)]);
-    differing += differs;
-    if (is_partial(p) && differs && at.mesh().shape()[m] > 1) {
-      ++reductions;
-      reduce_messages += at.mesh().shape()[m] - 1;
-    }
+    if (!differs) continue;
+    if (is_partial(p)) reduced_ranks *= at.mesh().shape()[m];
+    leaves[is_shard(p) ? 0 : is_replicate(p) ? 1 : 2] = true;
   }
+  const double classes = 0.25 * (leaves[0] + leaves[1] + leaves[2]);
+  const double steps = std::max(0.25, std::min(classes, leaves[2] ? 0.75 : 0.5));
+  const int64_t reduce_messages = rounds(reduced_ranks);
   const double bytes = static_cast<double>(lacking * itemsize(dst.dtype()));
   const int64_t messages = std::max<int64_t>(lacking > 0 ? 1 : 0, reduce_messages);
-  const double steps = std::max(differing >= 2 ? 0.5 : 0.25, 0.25 * static_cast<double>(reductions));
-  return bytes + options.message_cost_bytes * static_cast<double>(messages) + steps;
+  const int64_t calls = messages > 0 ? 1 : 0;
+  return bytes + options.cost.message_bytes() * static_cast<double>(messages) +
+         options.cost.call_bytes() * static_cast<double>(calls) + steps;
 }
 
 Placements without_partial(const Placements& placements) {
@@ -300,9 +395,17 @@ std::string PlanStep::to_string() const {
   out << name(kind);
   if (kind == StepKind::reduce_scatter || kind == StepKind::all_reduce || kind == StepKind::to_partial)
     out << '(' << tessera::name(op) << ')';
-  if (mesh_dim >= 0) {
-    out << " over " << before.mesh().names()[static_cast<size_t>(mesh_dim)] << " (mesh dim " << mesh_dim << ", "
-        << before.mesh().shape()[mesh_dim] << " ranks)";
+  if (!mesh_dims.empty()) {
+    // "over tp (mesh dim 1, 2 ranks)"; several dims: "over dp+tp (mesh dims 0, 1; 4 ranks)".
+    std::string names, dims;
+    int64_t ranks = 1;
+    for (int64_t m : mesh_dims) {
+      names += (names.empty() ? "" : "+") + before.mesh().names()[static_cast<size_t>(m)];
+      dims += (dims.empty() ? "" : ", ") + std::to_string(m);
+      ranks *= before.mesh().shape()[m];
+    }
+    out << " over " << names << (mesh_dims.size() == 1 ? " (mesh dim " : " (mesh dims ") << dims
+        << (mesh_dims.size() == 1 ? ", " : "; ") << ranks << " ranks)";
   } else {
     out << " over " << before.mesh().to_string();
     if (!(before.mesh() == after.mesh())) out << " -> " << after.mesh().to_string();
@@ -340,6 +443,12 @@ int64_t Plan::total_bytes_received() const {
   int64_t total = 0;
   for (const auto& s : steps)
     for (int64_t b : s.bytes_received) total += b;
+  return total;
+}
+
+int64_t Plan::calls() const {
+  int64_t total = 0;
+  for (const auto& s : steps) total += s.calls;
   return total;
 }
 
@@ -472,6 +581,7 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   TESSERA_CHECK(it != reached.end(), ShardingError, "redistribute", "no plan found for ", both,
                 "; Partial values cannot leave their mesh unreduced");
   result.cost = it->second.score;
+  result.estimated_us = options.cost.microseconds(result.cost);
   for (int e = it->second.edge; e >= 0; e = edges[static_cast<size_t>(e)].first)
     result.steps.push_back(edges[static_cast<size_t>(e)].second);
   std::reverse(result.steps.begin(), result.steps.end());
@@ -509,7 +619,13 @@ std::string explain(const Plan& plan) {
   }
   out << "  total: recv <= " << bytes_text(plan.max_bytes_received()) << "/rank (lower bound " << bound_text
       << "), " << plan.messages() << (plan.messages() == 1 ? " msg, " : " msgs, ") << plan.steps.size() << (plan.steps.size() == 1 ? " step" : " steps");
-  if (plan.messages() == 0) out << " (no communication)";
+  if (plan.messages() == 0) {
+    out << " (no communication)";
+  } else {
+    char estimate[48];
+    std::snprintf(estimate, sizeof estimate, "%.3g", plan.estimated_us);
+    out << ", " << plan.calls() << (plan.calls() == 1 ? " call" : " calls") << ", est. " << estimate << " us";
+  }
   out << '\n';
   return out.str();
 }

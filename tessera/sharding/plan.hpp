@@ -2,16 +2,18 @@
 // The redistribute planner. Pure: from two layouts it finds the cheapest way to
 // move data, as a printable list of steps with their cost; the dtensor layer runs the steps.
 //
-// Two families compete: per-mesh-dim collective steps (all_gather, all_to_all, reduce_scatter,
-// all_reduce, local chunk) found by a shortest-path search over layouts, and a direct block
-// exchange (block_exchange.hpp) from any non-Partial layout of the search to the destination.
-// Cost of a step: the most bytes any rank receives, plus a per-message latency term.
+// Two families compete: collective steps (all_gather, all_to_all, reduce_scatter, all_reduce,
+// local chunk) over one mesh dim or over several at once (one call over the flattened group),
+// found by a shortest-path search over layouts, and a direct block exchange (block_exchange.hpp)
+// from any non-Partial layout of the search to the destination. Cost of a step: its estimated
+// time under a per-backend CostModel (call latency + message latency + the busiest rank's bytes).
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <tessera/core/export.hpp>
 #include <tessera/sharding/block_exchange.hpp>
+#include <tessera/sharding/cost_model.hpp>
 #include <tessera/sharding/layout.hpp>
 
 namespace tessera TESSERA_API {
@@ -26,7 +28,8 @@ namespace tessera TESSERA_API {
   _(exchange)
 
 /// What one step does. local_chunk and to_partial move no data; exchange is one all_to_all_v
-/// over every rank involved; the others are collectives over one mesh dim.
+/// over every rank involved; the others are collectives over one mesh dim, or one call over the
+/// group of several mesh dims (all_reduce, all_gather, reduce_scatter; local_chunk likewise).
 enum class StepKind : uint8_t {
 #define TESSERA_PLAN_STEP_ENUM(name) name,
   TESSERA_FORALL_PLAN_STEPS(TESSERA_PLAN_STEP_ENUM)
@@ -34,18 +37,25 @@ enum class StepKind : uint8_t {
 };
 std::string_view name(StepKind kind);
 
-/// One step from `before` to `after`. For a mesh-dim step, only the placement (and shard
-/// order) at `mesh_dim` changes. Costs are per world rank (index = world rank). Value type.
+/// One step from `before` to `after`. For a mesh-dim step, only the placements (and shard
+/// order) at `mesh_dims` change. Costs are per world rank (index = world rank). Value type.
 struct PlanStep {
   StepKind kind = StepKind::exchange;
-  int64_t mesh_dim = -1;             ///< -1 for exchange
+  /// The mesh dims whose ranks form the step's groups, ascending (group rank = row-major index
+  /// over them); empty for exchange.
+  std::vector<int64_t> mesh_dims;
+  int64_t mesh_dim = -1;             ///< the one mesh dim of a single-dim step; -1 otherwise
   ReduceOp op = ReduceOp::sum;       ///< reduce_scatter / all_reduce / to_partial
   Layout before;
   Layout after;
   std::vector<Transfer> transfers;   ///< exchange only
   std::vector<int64_t> bytes_sent;   ///< per world rank, to other ranks
   std::vector<int64_t> bytes_received;
-  int64_t messages = 0;              ///< most messages one rank sends in this step
+  /// Most messages one rank sends in this step: rounds of the collective's algorithm
+  /// (ceil(log2 k) for reduce_scatter and all_gather, twice that for all_reduce), or the peers of
+  /// an all_to_all / exchange.
+  int64_t messages = 0;
+  int64_t calls = 0;                 ///< collective calls each rank makes: 1, or 0 if nothing moves
 
   int64_t max_bytes_sent() const;
   int64_t max_bytes_received() const;
@@ -53,10 +63,11 @@ struct PlanStep {
   std::string to_string() const;
 };
 
-/// Knobs of the cost model.
+/// Knobs of the planner.
 struct PlanOptions {
-  /// Cost of one message in bytes (latency x bandwidth; 5 us at 5 GB/s). 0 plans for bytes alone.
-  double message_cost_bytes = 25000;
+  /// The step-time model: the dtensor layer passes its backend's (CostModel::for_backend);
+  /// CostModel::bytes_only() plans for bytes alone.
+  CostModel cost = CostModel::threads();
   /// Allow a Partial destination (Replicate -> Partial is a local step). Internal: sharded
   /// operators need it; a user's redistribute to Partial is an error.
   bool allow_partial_destination = false;
@@ -67,13 +78,16 @@ struct Plan {
   Layout src;
   Layout dst;
   std::vector<PlanStep> steps;
-  double cost = 0;  ///< the model's score (bytes + message cost), what the search minimised
+  double cost = 0;  ///< the model's score in bytes (estimated time x bandwidth), what the search minimised
+  double estimated_us = 0;  ///< the same score as estimated microseconds under the plan's CostModel
 
   /// Bytes one world rank receives over the whole plan.
   int64_t bytes_received(int world_rank) const;
   int64_t bytes_sent(int world_rank) const;
   int64_t max_bytes_received() const;
   int64_t total_bytes_received() const;
+  /// Collective calls each rank makes (steps that move data).
+  int64_t calls() const;
   /// Messages over all steps, summed over the steps' per-rank maxima.
   int64_t messages() const;
   /// One line per step.
@@ -88,7 +102,8 @@ struct Plan {
 /// through a dim the destination does not reduce.
 Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options = {});
 /// A lower bound on plan(src, dst, options).cost, without searching: the bytes the busiest
-/// destination rank lacks, one message if any must move, one step if the layouts differ. Cheap
+/// destination rank lacks, one call and one message if any must move (log2 of the ranks whose
+/// Partial values must be combined, rounded up), one step if the layouts differ. Cheap
 /// (one block intersection per rank); the op dispatcher prices a strategy with it first and
 /// plans only the strategies it cannot rule out.
 double plan_cost_lower_bound(const Layout& src, const Layout& dst, const PlanOptions& options = {});

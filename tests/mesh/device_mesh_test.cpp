@@ -217,3 +217,32 @@ TEST(DeviceMesh, OutsideARankIsAClearError) {
   if (under_mpi()) GTEST_SKIP() << "under MPI every test runs inside a rank";
   EXPECT_TRUE(value_error([] { DeviceMesh({1}, {"x"}); }, {"[DeviceMesh]", "outside a rank"}));
 }
+
+// Issue 12 item 7: a collective over several mesh dims runs on the mesh's communicator for that
+// set of dims: its ranks are MeshSpec::group's, in that order, on the mesh and on its slices.
+TEST(DeviceMesh, GroupsOverSeveralDimsMatchMeshSpecGroups) {
+  for_each_world({8}, [] {
+    if (world_size() != 8) return;  // the 2x2x2 mesh needs 8 ranks
+    const DeviceMesh cube({2, 2, 2}, {"a", "b", "c"});
+    const auto world_ranks_of = [](const MeshSpec& spec, const std::vector<std::vector<int64_t>>& group) {
+      std::vector<int> ranks;
+      for (const auto& c : group) ranks.push_back(spec.rank_at(c));
+      return ranks;
+    };
+    for (const std::vector<int64_t>& dims : {std::vector<int64_t>{0, 1}, {0, 2}, {1, 2}, {0, 1, 2}}) {
+      const auto comm = cube.comm_ptr(dims);
+      EXPECT_EQ(comm->world_ranks(), world_ranks_of(cube.spec(), cube.spec().group(cube.coordinate(), dims)));
+      int64_t one = 1;
+      comm->all_reduce(&one, 1, DType::i64, ReduceOp::sum);
+      EXPECT_EQ(one, static_cast<int64_t>(comm->size()));
+    }
+    const DeviceMesh slice = cube.slice({{"b", 0}});
+    if (slice.is_member()) {
+      EXPECT_EQ(slice.comm_ptr({0, 1})->world_ranks(),
+                world_ranks_of(slice.spec(), slice.spec().group(slice.coordinate(), {0, 1})));
+      EXPECT_EQ(slice.mesh_comm_ptr()->world_ranks(), slice.spec().ranks());
+    }
+    EXPECT_TRUE(throws_with<ShardingError>([&] { cube.comm_ptr({2, 0}); }, {"[DeviceMesh::comm]", "ascending"}));
+    EXPECT_TRUE(throws_with<ShardingError>([&] { cube.comm_ptr({0, 3}); }, {"[DeviceMesh::comm]", "dim 3"}));
+  });
+}

@@ -61,11 +61,17 @@ std::map<int, Contents> initial_contents(const Layout& src) {
   return held;
 }
 
-std::vector<int> group_along(const MeshSpec& mesh, std::vector<int64_t> coordinate, int64_t m) {
+// The ranks differing from `coordinate` only along `dims` (a step's group).
+std::vector<int> group_along(const MeshSpec& mesh, const std::vector<int64_t>& coordinate,
+                             const std::vector<int64_t>& dims) {
   std::vector<int> group;
-  for (int64_t i = 0; i < mesh.shape()[m]; ++i) {
-    coordinate[static_cast<size_t>(m)] = i;
-    group.push_back(mesh.rank_at(coordinate));
+  for (int r : mesh.ranks()) {
+    const auto c = mesh.coordinate_of(r);
+    bool same = true;
+    for (int64_t m = 0; m < mesh.ndim(); ++m)
+      if (std::find(dims.begin(), dims.end(), m) == dims.end() && c[static_cast<size_t>(m)] != coordinate[static_cast<size_t>(m)])
+        same = false;
+    if (same) group.push_back(r);
   }
   return group;
 }
@@ -94,7 +100,7 @@ std::map<int, Contents> simulate(const PlanStep& step, const std::map<int, Conte
   const MeshSpec& mesh = step.after.mesh();
   for (int r : mesh.ranks()) {
     const auto coordinate = mesh.coordinate_of(r);
-    const auto group = group_along(mesh, coordinate, step.mesh_dim);
+    const auto group = group_along(mesh, coordinate, step.mesh_dims);
     auto& mine = next[r];
     for_each_index(step.after.block(coordinate), [&](const DimVector& i) {
       const int64_t e = linear(shape, i);
@@ -207,7 +213,7 @@ const std::vector<MeshSpec>& test_meshes() {
   return meshes;
 }
 
-const PlanOptions bytes_only{.message_cost_bytes = 0};
+const PlanOptions bytes_only{.cost = CostModel::bytes_only()};
 
 }  // namespace
 
@@ -278,13 +284,17 @@ TEST(Plan, PartialOnOneDimLowersToOneCollectiveAtTheBound) {
     const Plan to_max = plan(max_partial, max_partial.with_placements({Shard{1}}));
     EXPECT_EQ(to_max.steps.at(0).op, ReduceOp::max);
   }
-  // Reduce first, then gather: [P, S(0)] -> [R, R] on 2x2 reduces the small shard, not the whole.
+  // Reduce first, then gather: [P, S(0)] -> [R, R] on 2x2 reduces the small shard, not the whole
+  // (all_reduce over a then all_gather over b, or reduce_scatter over a then one all_gather over
+  // both: the same bytes, calls and messages).
   const MeshSpec mesh(Shape{2, 2}, {"a", "b"});
   const Layout src(Shape{16, 4}, DType::f32, mesh, {Partial{}, Shard{0}});
   const Plan p = plan(src, src.with_placements({Replicate{}, Replicate{}}));
   ASSERT_EQ(p.steps.size(), 2u) << explain(p);
-  EXPECT_EQ(p.steps[0].kind, StepKind::all_reduce);
+  EXPECT_EQ(p.steps[0].mesh_dims, (std::vector<int64_t>{0})) << explain(p);
+  EXPECT_TRUE(p.steps[0].kind == StepKind::all_reduce || p.steps[0].kind == StepKind::reduce_scatter) << explain(p);
   EXPECT_EQ(p.steps[1].kind, StepKind::all_gather);
+  EXPECT_EQ(p.max_bytes_received(), 2 * 8 * 4 * 4) << explain(p);  // 2x the 8x4 f32 block
 }
 
 TEST(Plan, BeatsTheGreedyPlannerTraps) {
@@ -430,8 +440,9 @@ TEST(Plan, UnitMeshDimsCostOnlyTheirTieBreak) {
           // without its unit-dim steps is a flat plan.
           EXPECT_LE(unit.cost, flat.cost + 0.5 + 1e-9) << explain(flat) << explain(unit);
           EXPECT_GE(unit.cost, flat.cost - 1e-9) << explain(flat) << explain(unit);
-          for (const PlanStep& step : unit.steps)
+          for (const PlanStep& step : unit.steps) {
             if (step.mesh_dim == 1) EXPECT_EQ(step.after.placements()[1], to) << explain(unit);
+          }
         }
     }
 }
@@ -471,4 +482,69 @@ TEST(Plan, LowerBoundHoldsForMultiDimPartialSources) {
     EXPECT_EQ(plan_lower_bound(src, dst), 2 * (k - 1) * bytes / k);
     EXPECT_EQ(plan(src, dst, bytes_only).max_bytes_received(), plan_lower_bound(src, dst)) << explain(plan(src, dst, bytes_only));
   }
+}
+
+// Item 7 of issue 12: (P, P) -> (R, R) lowered to reduce_scatter + all_reduce + all_gather, and
+// (P, P, P) -> (R, R, R) to three or more calls. One call over the group of several mesh dims
+// (a flattened communicator) does it where one suffices: all_reduce, all_gather, reduce_scatter.
+TEST(Plan, SeveralMeshDimsMoveInOneCallWhereOneSuffices) {
+  const MeshSpec square(Shape{2, 2}, {"a", "b"}), cube(Shape{2, 2, 2}, {"a", "b", "c"});
+  struct Case {
+    MeshSpec mesh;
+    Placements from, to;
+    StepKind kind;
+  };
+  const std::vector<Case> cases = {
+      {square, {Partial{}, Partial{}}, {Replicate{}, Replicate{}}, StepKind::all_reduce},
+      {cube, {Partial{}, Partial{}, Partial{}}, {Replicate{}, Replicate{}, Replicate{}}, StepKind::all_reduce},
+      {cube, {Partial{}, Partial{}, Shard{1}}, {Replicate{}, Replicate{}, Shard{1}}, StepKind::all_reduce},
+      {square, {Shard{0}, Shard{1}}, {Replicate{}, Replicate{}}, StepKind::all_gather},
+      {cube, {Shard{0}, Shard{1}, Shard{0}}, {Replicate{}, Replicate{}, Replicate{}}, StepKind::all_gather},
+      {square, {Partial{}, Partial{}}, {Shard{0}, Shard{1}}, StepKind::reduce_scatter},
+      {square, {Partial{}, Partial{}}, {Shard{0}, Shard{0}}, StepKind::reduce_scatter},
+      {square, {Partial{ReduceOp::max}, Partial{ReduceOp::max}}, {Replicate{}, Replicate{}}, StepKind::all_reduce},
+  };
+  for (const Case& c : cases)
+    for (const Shape& shape : {Shape{8, 8}, Shape{7, 5}, Shape{64, 48}}) {
+      const Layout src(shape, DType::f32, c.mesh, c.from), dst(shape, DType::f32, c.mesh, c.to);
+      const Plan p = plan(src, dst);
+      SCOPED_TRACE(explain(p));
+      check_valid(p);
+      ASSERT_EQ(p.calls(), 1);
+      ASSERT_EQ(p.steps.size(), 1u);
+      EXPECT_EQ(p.steps[0].kind, c.kind);
+      EXPECT_GE(p.steps[0].mesh_dims.size(), 2u);
+      EXPECT_EQ(p.steps[0].mesh_dim, -1);
+      if (!src.has_partial()) EXPECT_EQ(p.max_bytes_received(), plan_lower_bound(src, dst));
+    }
+  // Replicate -> Shard on both dims is one local step; explain names the group.
+  const Layout r(Shape{8, 8}, DType::f32, square, {Replicate{}, Replicate{}});
+  const Plan chunk = plan(r, r.with_placements({Shard{0}, Shard{1}}));
+  ASSERT_EQ(chunk.steps.size(), 1u);
+  EXPECT_EQ(chunk.steps[0].kind, StepKind::local_chunk);
+  EXPECT_EQ(chunk.calls(), 0);
+  const std::string text = explain(plan(r.with_placements({Partial{}, Partial{}}), r));
+  EXPECT_TRUE(contains(text, "all_reduce(sum) over a+b (mesh dims 0, 1; 4 ranks): (P(sum), P(sum)) -> (R, R)")) << text;
+  EXPECT_TRUE(contains(text, "1 call, est.")) << text;
+}
+
+// Item 8 of issue 12: on small uneven tensors the model preferred reduce_scatter + all_gather
+// (more bytes, two calls) to one all_reduce. The model is now time: per call + per message +
+// bytes, with per-backend constants; one call wins where the bytes are small.
+TEST(Plan, OneAllReduceBeatsTwoCallsOnSmallTensors) {
+  for (const std::string backend : {"threads", "mpi"}) {
+    const PlanOptions options{.cost = CostModel::for_backend(backend)};
+    for (int64_t k = 2; k <= 8; ++k)
+      for (const Shape& shape : {Shape{3, 5}, Shape{16, 8}, Shape{7}, Shape{1, 2, 3}}) {
+        const Layout p(shape, DType::f32, MeshSpec(Shape{k}, {"x"}), {Partial{}});
+        const Plan to_r = plan(p, p.with_placements({Replicate{}}), options);
+        SCOPED_TRACE(backend + ": " + explain(to_r));
+        ASSERT_EQ(to_r.steps.size(), 1u);
+        EXPECT_EQ(to_r.steps[0].kind, StepKind::all_reduce);
+        EXPECT_NEAR(to_r.estimated_us, options.cost.microseconds(to_r.cost), 1e-9);
+        EXPECT_GT(to_r.estimated_us, options.cost.call_us);
+      }
+  }
+  EXPECT_THROW(CostModel::for_backend("nccl"), ValueError);
+  EXPECT_TRUE(contains(CostModel::threads().to_string(), "us/msg")) << CostModel::threads().to_string();
 }

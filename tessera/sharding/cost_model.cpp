@@ -1,0 +1,35 @@
+#include <tessera/sharding/cost_model.hpp>
+
+#include <cstdio>
+
+#include <tessera/core/error.hpp>
+
+namespace tessera {
+
+// Recorded by `tessera_cost_model_bench` on the project's reference machine (2 cores, 4 ranks;
+// 2026-11-24). Rerun it after changing a backend's collectives and record what it prints.
+//
+// threads (`build/bench/tessera_cost_model_bench --iters 60 --no-message-term`, three runs):
+// every collective is one rendezvous of the group's threads whatever the algorithm, so the model
+// is call + bytes: 8.1 to 13.0 us per call and 6.2 to 7.4 GB/s (rms relative error 0.61 to 0.69;
+// four rank threads share two cores, so small calls are noisy). With a message term the fit puts
+// the call at 0 and 4 to 10 us on each message, the rendezvous cost spread over log2(k) rounds.
+CostModel CostModel::threads() { return CostModel{11.0, 0.0, 7000.0}; }
+
+CostModel CostModel::for_backend(std::string_view backend) {
+  if (backend == "threads") return threads();
+  // mpi (`mpirun -np 4 build/bench/tessera_cost_model_bench --iters 30`, OpenMPI 4.1, shared
+  // memory): call 21.7 us + 3.84 us/msg + 2.15 GB/s, rms relative error 0.30 over 50 points.
+  if (backend == "mpi") return CostModel{21.7, 3.84, 2150.0};
+  throw ValueError(detail::concat("[CostModel::for_backend] no recorded cost model for backend '", backend,
+                                  "' (known: threads, mpi)"));
+}
+
+std::string CostModel::to_string() const {
+  char text[96];
+  std::snprintf(text, sizeof text, "call %.3g us + %.3g us/msg + %.3g GB/s", call_us, message_us,
+                bytes_per_us * 1e-3);
+  return text;
+}
+
+}  // namespace tessera
