@@ -258,6 +258,15 @@ DTensor DTensor::redistribute(std::vector<Placement> placements, const Redistrib
   return redistribute(mesh_, layout_->with_placements(std::move(placements)), options);
 }
 
+PendingDTensor DTensor::redistribute_async(std::vector<Placement> placements,
+                                           const RedistributeOptions& options) const {
+  placements = normalized(std::move(placements), ndim(), "DTensor::redistribute_async");
+  TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh_.ndim(), ShardingError,
+                "DTensor::redistribute_async", tessera::to_string(placements), " has ", placements.size(),
+                " placements for ", layout_->to_string());
+  return redistribute_async(mesh_, layout_->with_placements(std::move(placements)), options);
+}
+
 DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> placements,
                               const RedistributeOptions& options) const {
   placements = normalized(std::move(placements), ndim(), "DTensor::redistribute");

@@ -53,6 +53,26 @@ struct RedistributeOptions {
   std::optional<DType> backward_dtype;
 };
 
+class DTensor;
+
+/// A redistribution in flight (DTensor::redistribute_async). Copyable; all copies share one
+/// operation. The source DTensor's local must stay untouched until wait() returns.
+class PendingDTensor {
+ public:
+  PendingDTensor() = default;
+  /// Blocks until the last collective finished and returns the redistributed DTensor (the same
+  /// one on every later call). Rethrows the collective's CommError. Throws ValueError on a
+  /// default-constructed handle.
+  DTensor wait() const;
+  /// True once wait() would not block. Never blocks.
+  bool is_completed() const;
+
+ private:
+  friend class DTensor;
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
 class DTensor {
  public:
   DTensor() = default;
@@ -89,6 +109,14 @@ class DTensor {
                        const RedistributeOptions& options = {}) const;
   /// The same tensor in any layout (shard orders, explicit sizes, another mesh).
   DTensor redistribute(const DeviceMesh& mesh, const Layout& layout, const RedistributeOptions& options = {}) const;
+  /// redistribute with its last collective left in flight (PyTorch's async_op=True): the steps
+  /// before it run at the call (each needs the previous one's result), the last is issued and
+  /// overlaps with the caller's work until wait(). Errors of the arguments throw at the call,
+  /// before any communication, as redistribute's do. Every rank calls it and later wait().
+  /// Example: `auto pending = x.redistribute_async({Replicate{}}); y = f(z); x = pending.wait();`
+  PendingDTensor redistribute_async(std::vector<Placement> placements, const RedistributeOptions& options = {}) const;
+  PendingDTensor redistribute_async(const DeviceMesh& mesh, const Layout& layout,
+                                    const RedistributeOptions& options = {}) const;
 
   /// Monarch's mesh reduction over the named mesh dims, treating the locals along them as values:
   /// sum/avg/max/min -> all_reduce (scatter: reduce_scatter along the local's dim 0); stack ->

@@ -4,9 +4,11 @@
 // the planner costed. Buffers are packed only when the pieces are not already consecutive.
 #include <tessera/dtensor/detail/redistribute.hpp>
 
+#include <memory>
 #include <optional>
 
 #include <tessera/core/error.hpp>
+#include <tessera/ops/elementwise.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera::detail {
@@ -215,7 +217,96 @@ Tensor exchange_p2p(const std::vector<Transfer>& transfers, const Tensor& local,
   return out;
 }
 
+// The last step of a plan, issued asynchronously. Everything the collective reads or writes is
+// owned by the returned closure (and `local`, which the caller must leave untouched until then).
+PendingLocal issue_async(const PlanStep& step, const Tensor& local, const DeviceMesh& mesh) {
+  const auto coordinate = mesh.coordinate();
+  const Block held = step.before.block(coordinate), want = step.after.block(coordinate);
+  const DType dtype = step.after.dtype();
+  Communicator& comm = *mesh.comm_ptr(step.mesh_dims);
+  const auto group = mesh.spec().group(coordinate, step.mesh_dims);
+  struct Buffers {
+    Tensor source, scratch, out;
+    Block want;  // the landing refers to it
+    std::vector<Block> send, recv;
+    std::optional<Landing> landing;
+  };
+  auto b = std::make_shared<Buffers>();
+  b->source = local;
+  b->want = want;
+  if (step.kind == StepKind::all_reduce) {
+    b->out = local.clone();
+    Work work = comm.all_reduce_async(b->out.raw_data(), b->out.numel(), dtype, step.op);
+    return {work, [b] { return b->out; }};
+  }
+  if (step.kind == StepKind::reduce_scatter) {
+    for (const auto& c : group) b->send.push_back(step.after.block(c));
+    const auto counts = counts_of(b->send);
+    const bool even = std::all_of(counts.begin(), counts.end(), [&](int64_t n) { return n == counts.front(); });
+    const void* send = packed(local, held, b->send, b->scratch);
+    if (even) {
+      b->out = empty(want.shape(), dtype);
+      Work work = comm.reduce_scatter_async(send, b->out.raw_data(), counts.front(), dtype, step.op);
+      return {work, [b] { return b->out; }};
+    }
+    // Uneven pieces (no async reduce_scatter_v): every rank's partial of my block comes to me by
+    // all_to_all_v, the same bytes, and I reduce them in group order, accumulating halves in f32.
+    const int64_t k = static_cast<int64_t>(group.size());
+    b->out = empty(Shape{k * want.numel()}, dtype);
+    Work work = comm.all_to_all_v_async(send, counts, b->out.raw_data(),
+                                        std::vector<int64_t>(static_cast<size_t>(k), want.numel()), dtype);
+    const ReduceOp op = step.op;
+    return {work, [b, k, want, op, dtype] {
+              const DType wide = dtype == DType::f16 || dtype == DType::bf16 ? DType::f32 : dtype;
+              Tensor total;
+              for (int64_t j = 0; j < k; ++j) {
+                const Tensor part = b->out.narrow(0, j * want.numel(), want.numel()).to(wide);
+                if (j == 0) total = part.clone();
+                else if (op == ReduceOp::sum || op == ReduceOp::avg) total = add(total, part);
+                else if (op == ReduceOp::product) total = mul(total, part);
+                else if (op == ReduceOp::max) total = maximum(total, part);
+                else total = minimum(total, part);
+              }
+              if (op == ReduceOp::avg) total = div(total, Scalar(static_cast<double>(k)));
+              return total.to(dtype).view(want.shape());
+            }};
+  }
+  // all_gather and all_to_all: my block's piece of each peer's new block goes to it.
+  for (const auto& c : group) {
+    b->send.push_back(held.intersect(step.after.block(c)));
+    b->recv.push_back(want.intersect(step.before.block(c)));
+  }
+  b->out = empty(want.shape(), dtype);
+  const void* send = packed(local, held, b->send, b->scratch);
+  b->landing.emplace(b->out, b->want, b->recv);
+  Work work = comm.all_to_all_v_async(send, counts_of(b->send), b->landing->buffer(), counts_of(b->recv), dtype);
+  return {work, [b] {
+            b->landing->finish();
+            return b->out;
+          }};
+}
+
 }  // namespace
+
+PendingLocal run_plan_async(const Plan& plan, const Tensor& local, const DeviceMesh& src_mesh,
+                            const DeviceMesh& dst_mesh) {
+  const auto done = [](Tensor t) { return PendingLocal{Work{}, [t] { return t; }}; };
+  if (plan.steps.empty() || plan.src.global_shape().numel() == 0) return done(run_plan(plan, local, src_mesh, dst_mesh));
+  const PlanStep& last = plan.steps.back();
+  const DeviceMesh& mesh = last.before.mesh() == src_mesh.spec() ? src_mesh : dst_mesh;
+  int64_t group_size = 1;
+  for (int64_t m : last.mesh_dims) group_size *= mesh.spec().shape()[m];
+  // Steps that move nothing, and exchanges (which may run point-to-point), finish at the call.
+  const bool collective = last.kind == StepKind::all_reduce || last.kind == StepKind::reduce_scatter ||
+                          last.kind == StepKind::all_gather || last.kind == StepKind::all_to_all;
+  if (!collective || group_size == 1) return done(run_plan(plan, local, src_mesh, dst_mesh));
+  Plan head = plan;
+  head.steps.pop_back();
+  head.dst = last.before;
+  const Tensor before = run_plan(head, local, src_mesh, dst_mesh);
+  if (!mesh.is_member()) return done(empty(Shape::filled(plan.dst.ndim(), 0), plan.dst.dtype()));
+  return issue_async(last, before, mesh);
+}
 
 Tensor view_of(const Tensor& tensor, const Block& whole, const Block& piece) {
   Tensor out = tensor;

@@ -1,6 +1,9 @@
 // Pure tables: placements and layouts -> local blocks, with no ranks (STYLE.md §8b).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <numeric>
+
 #include <tessera/sharding/layout.hpp>
 
 #include "test_util.hpp"
@@ -146,4 +149,43 @@ TEST(Layout, Errors) {
   const Layout layout(Shape{4}, DType::f32, mesh_1d(2), {Shard{0}});
   EXPECT_TRUE(sharding_error([&] { (void)layout.block({2}); }, {"[Layout::block]", "out of range"}));
   EXPECT_TRUE(sharding_error([&] { (void)layout.block_of_rank(5); }, {"[DeviceMesh]", "world rank 5 is not in"}));
+}
+
+// Issue 12: the empty-piece offset convention holds in every shard order. The offset of every
+// piece, empty ones included, is what PyTorch's compute_local_shape_and_global_offset gives when
+// it walks the mesh dims in shard order: each level chunks its parent piece, and an empty chunk
+// sits at its parent's end. So an empty piece of a dim sharded once sits at the dim size, and
+// nested ones at their parent's end, whatever the order.
+TEST(Layout, EmptyPiecesSitAtTheirParentsEndInEveryShardOrder) {
+  const auto torch_offset = [](int64_t size, const std::vector<int64_t>& splits, const std::vector<int64_t>& index) {
+    int64_t offset = 0, length = size;
+    for (size_t level = 0; level < splits.size(); ++level) {
+      const int64_t chunk = (length + splits[level] - 1) / splits[level];
+      const int64_t start = std::min(chunk * index[level], length);  // an empty chunk: the parent's end
+      length = std::min(length, start + chunk) - start;
+      offset += start;
+    }
+    return std::pair{offset, length};
+  };
+  for (const MeshSpec& mesh : {MeshSpec(Shape{2, 2}, {"a", "b"}), MeshSpec(Shape{2, 3}, {"a", "b"}),
+                               MeshSpec(Shape{3, 2, 2}, {"a", "b", "c"}), MeshSpec(Shape{4}, {"a"})})
+    for (int64_t size : {0, 1, 2, 3, 5}) {
+      std::vector<int64_t> order(static_cast<size_t>(mesh.ndim()));
+      std::iota(order.begin(), order.end(), 0);
+      do {
+        const Layout layout(Shape{size, 2}, DType::f32, mesh, Placements(order.size(), Shard{0}), ShardOrder{{0, order}});
+        std::vector<int64_t> splits;
+        for (int64_t m : order) splits.push_back(mesh.shape()[m]);
+        for (int r : mesh.ranks()) {
+          const auto coordinate = mesh.coordinate_of(r);
+          std::vector<int64_t> index;
+          for (int64_t m : order) index.push_back(coordinate[static_cast<size_t>(m)]);
+          const auto [offset, length] = torch_offset(size, splits, index);
+          const Block block = layout.block(coordinate);
+          EXPECT_EQ(block.begin[0], offset) << layout.to_string() << " rank " << r;
+          EXPECT_EQ(block.end[0] - block.begin[0], length) << layout.to_string() << " rank " << r;
+          if (order.size() == 1 && length == 0) EXPECT_EQ(block.begin[0], size);
+        }
+      } while (std::next_permutation(order.begin(), order.end()));
+    }
 }

@@ -1,8 +1,10 @@
 #pragma once
 // Runs redistribute plans (sharding/plan.hpp) on local blocks. Internal to the dtensor layer.
+#include <functional>
 #include <string_view>
 #include <vector>
 
+#include <tessera/comm/work.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/mesh/device_mesh.hpp>
@@ -14,6 +16,19 @@ namespace tessera::detail {
 /// outside src's mesh). `src_mesh`/`dst_mesh` are the handles of the plan's meshes. Every rank
 /// of both meshes calls it with the same plan.
 Tensor run_plan(const Plan& plan, const Tensor& local, const DeviceMesh& src_mesh, const DeviceMesh& dst_mesh);
+
+/// A run_plan in flight: `work` completes the last collective; `finish` (after work.wait())
+/// unpacks and returns the block. The buffers live in `finish`'s captures.
+struct PendingLocal {
+  Work work;
+  std::function<Tensor()> finish;
+};
+
+/// run_plan with its last step issued asynchronously (the steps before it run at the call, each
+/// needing the previous one's result, as PyTorch's async_op): the last collective overlaps with
+/// whatever the caller does before waiting. Same arguments and result as run_plan.
+PendingLocal run_plan_async(const Plan& plan, const Tensor& local, const DeviceMesh& src_mesh,
+                            const DeviceMesh& dst_mesh);
 
 /// Moves the pieces of `transfers`: this rank holds `held` (its block, as `local`; may be empty)
 /// and ends with `want` (returned). One all_to_all_v over `group` when it covers every rank
