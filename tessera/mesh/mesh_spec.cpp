@@ -20,57 +20,86 @@ std::string describe(const Shape& shape, const std::vector<std::string>& names) 
 }
 }  // namespace
 
-MeshSpec::MeshSpec(Shape shape, std::vector<std::string> names, std::vector<int> ranks)
-    : shape_(std::move(shape)), names_(std::move(names)), ranks_(std::move(ranks)) {
-  const std::string text = describe(shape_, names_);
-  TESSERA_CHECK(static_cast<int64_t>(names_.size()) == shape_.size(), ShardingError, "DeviceMesh", "shape ",
-                shape_.to_string(), " has ", shape_.size(), " dims but ", names_.size(), " axis names were given");
+namespace {
+size_t hash_of(const Shape& shape, const std::vector<std::string>& names, const std::vector<int>& ranks) {
+  size_t h = 0;
+  const auto mix = [&](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+  for (int64_t s : shape) mix(std::hash<int64_t>{}(s));
+  for (const auto& n : names) mix(std::hash<std::string>{}(n));
+  for (int r : ranks) mix(std::hash<int>{}(r));
+  return h;
+}
+}  // namespace
+
+MeshSpec::MeshSpec() {
+  static const auto empty = [] {
+    auto d = std::make_shared<Data>();
+    d->hash = hash_of(d->shape, d->names, d->ranks);
+    return std::shared_ptr<const Data>(std::move(d));
+  }();
+  data_ = empty;
+}
+
+MeshSpec::MeshSpec(Shape shape, std::vector<std::string> names, std::vector<int> ranks) {
+  auto data = std::make_shared<Data>(Data{std::move(shape), std::move(names), std::move(ranks)});
+  Data& mesh = *data;
+  const std::string text = describe(mesh.shape, mesh.names);
+  TESSERA_CHECK(static_cast<int64_t>(mesh.names.size()) == mesh.shape.size(), ShardingError, "DeviceMesh", "shape ",
+                mesh.shape.to_string(), " has ", mesh.shape.size(), " dims but ", mesh.names.size(), " axis names were given");
   std::unordered_set<std::string> seen;
-  for (size_t d = 0; d < names_.size(); ++d) {
-    TESSERA_CHECK(!names_[d].empty(), ShardingError, "DeviceMesh", "axis ", d, " of ", text, " has an empty name");
-    TESSERA_CHECK(seen.insert(names_[d]).second, ShardingError, "DeviceMesh", "axis name '", names_[d],
+  for (size_t i = 0; i < mesh.names.size(); ++i) {
+    TESSERA_CHECK(!mesh.names[i].empty(), ShardingError, "DeviceMesh", "axis ", i, " of ", text, " has an empty name");
+    TESSERA_CHECK(seen.insert(mesh.names[i]).second, ShardingError, "DeviceMesh", "axis name '", mesh.names[i],
                   "' appears twice in ", text);
-    TESSERA_CHECK(shape_[static_cast<int64_t>(d)] >= 1, ShardingError, "DeviceMesh", "axis '", names_[d], "' of ",
-                  text, " has size ", shape_[static_cast<int64_t>(d)], "; expected >= 1");
+    TESSERA_CHECK(mesh.shape[static_cast<int64_t>(i)] >= 1, ShardingError, "DeviceMesh", "axis '", mesh.names[i], "' of ",
+                  text, " has size ", mesh.shape[static_cast<int64_t>(i)], "; expected >= 1");
   }
-  const int64_t n = shape_.numel();
-  if (ranks_.empty()) {
-    ranks_.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) ranks_[static_cast<size_t>(i)] = static_cast<int>(i);
+  const int64_t n = mesh.shape.numel();
+  if (mesh.ranks.empty()) {
+    mesh.ranks.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) mesh.ranks[static_cast<size_t>(i)] = static_cast<int>(i);
   }
-  TESSERA_CHECK(static_cast<int64_t>(ranks_.size()) == n, ShardingError, "DeviceMesh", text, " has ", n,
-                " grid points but ", ranks_.size(), " ranks were given");
+  TESSERA_CHECK(static_cast<int64_t>(mesh.ranks.size()) == n, ShardingError, "DeviceMesh", text, " has ", n,
+                " grid points but ", mesh.ranks.size(), " ranks were given");
   std::unordered_set<int> distinct;
-  for (int r : ranks_) {
+  for (int r : mesh.ranks) {
     TESSERA_CHECK(r >= 0, ShardingError, "DeviceMesh", "negative rank ", r, " in ", text);
     TESSERA_CHECK(distinct.insert(r).second, ShardingError, "DeviceMesh", "rank ", r, " appears twice in ", text);
   }
+  data->hash = hash_of(mesh.shape, mesh.names, mesh.ranks);
+  data_ = std::move(data);
+}
+
+bool MeshSpec::same_as(const MeshSpec& other) const {
+  const Data& x = *data_;
+  const Data& y = *other.data_;
+  return x.hash == y.hash && x.shape == y.shape && x.ranks == y.ranks && x.names == y.names;
 }
 
 int64_t MeshSpec::size(int64_t dim) const {
   TESSERA_CHECK(dim >= 0 && dim < ndim(), ShardingError, "DeviceMesh", "mesh dim ", dim, " out of range for ",
                 to_string());
-  return shape_[dim];
+  return data_->shape[dim];
 }
 
 int64_t MeshSpec::dim_of(std::string_view axis) const {
-  for (size_t d = 0; d < names_.size(); ++d)
-    if (names_[d] == axis) return static_cast<int64_t>(d);
+  for (size_t d = 0; d < data_->names.size(); ++d)
+    if (data_->names[d] == axis) return static_cast<int64_t>(d);
   throw ShardingError(detail::concat("[DeviceMesh] unknown axis '", axis, "' in ", to_string()));
 }
 
 bool MeshSpec::contains(int world_rank) const {
-  return std::find(ranks_.begin(), ranks_.end(), world_rank) != ranks_.end();
+  return std::find(data_->ranks.begin(), data_->ranks.end(), world_rank) != data_->ranks.end();
 }
 
 std::vector<int64_t> MeshSpec::coordinate_of(int world_rank) const {
-  const auto it = std::find(ranks_.begin(), ranks_.end(), world_rank);
-  TESSERA_CHECK(it != ranks_.end(), ShardingError, "DeviceMesh", "world rank ", world_rank, " is not in ", to_string());
-  int64_t flat = it - ranks_.begin();
+  const auto it = std::find(data_->ranks.begin(), data_->ranks.end(), world_rank);
+  TESSERA_CHECK(it != data_->ranks.end(), ShardingError, "DeviceMesh", "world rank ", world_rank, " is not in ", to_string());
+  int64_t flat = it - data_->ranks.begin();
   std::vector<int64_t> coordinate(static_cast<size_t>(ndim()));
   for (int64_t d = ndim() - 1; d >= 0; --d) {
-    coordinate[static_cast<size_t>(d)] = flat % shape_[d];
-    flat /= shape_[d];
+    coordinate[static_cast<size_t>(d)] = flat % data_->shape[d];
+    flat /= data_->shape[d];
   }
   return coordinate;
 }
@@ -78,14 +107,14 @@ std::vector<int64_t> MeshSpec::coordinate_of(int world_rank) const {
 std::vector<std::vector<int64_t>> MeshSpec::group(std::vector<int64_t> coordinate,
                                                    const std::vector<int64_t>& dims) const {
   int64_t points = 1;
-  for (int64_t m : dims) points *= shape_[m];
+  for (int64_t m : dims) points *= data_->shape[m];
   std::vector<std::vector<int64_t>> out;
   out.reserve(static_cast<size_t>(points));
   for (int64_t f = 0; f < points; ++f) {
     int64_t rest = f;
     for (auto m = dims.rbegin(); m != dims.rend(); ++m) {
-      coordinate[static_cast<size_t>(*m)] = rest % shape_[*m];
-      rest /= shape_[*m];
+      coordinate[static_cast<size_t>(*m)] = rest % data_->shape[*m];
+      rest /= data_->shape[*m];
     }
     out.push_back(coordinate);
   }
@@ -98,21 +127,21 @@ int MeshSpec::rank_at(const std::vector<int64_t>& coordinate) const {
   int64_t flat = 0;
   for (int64_t d = 0; d < ndim(); ++d) {
     const int64_t c = coordinate[static_cast<size_t>(d)];
-    TESSERA_CHECK(c >= 0 && c < shape_[d], ShardingError, "DeviceMesh", "coordinate ", Shape(coordinate).to_string(),
-                  " out of range for ", to_string(), " (axis '", names_[static_cast<size_t>(d)], "' has size ",
-                  shape_[d], ")");
-    flat = flat * shape_[d] + c;
+    TESSERA_CHECK(c >= 0 && c < data_->shape[d], ShardingError, "DeviceMesh", "coordinate ", Shape(coordinate).to_string(),
+                  " out of range for ", to_string(), " (axis '", data_->names[static_cast<size_t>(d)], "' has size ",
+                  data_->shape[d], ")");
+    flat = flat * data_->shape[d] + c;
   }
-  return ranks_[static_cast<size_t>(flat)];
+  return data_->ranks[static_cast<size_t>(flat)];
 }
 
 std::string MeshSpec::to_string() const {
-  std::string text = describe(shape_, names_);
+  std::string text = describe(data_->shape, data_->names);
   bool identity = true;
-  for (size_t i = 0; i < ranks_.size(); ++i) identity = identity && ranks_[i] == static_cast<int>(i);
+  for (size_t i = 0; i < data_->ranks.size(); ++i) identity = identity && data_->ranks[i] == static_cast<int>(i);
   if (!identity) {
     text += " ranks [";
-    for (size_t i = 0; i < ranks_.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks_[i]);
+    for (size_t i = 0; i < data_->ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(data_->ranks[i]);
     text += "]";
   }
   return text;
@@ -120,11 +149,4 @@ std::string MeshSpec::to_string() const {
 
 }  // namespace tessera
 
-size_t std::hash<tessera::MeshSpec>::operator()(const tessera::MeshSpec& mesh) const noexcept {
-  size_t h = 0;
-  const auto mix = [&](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-  for (int64_t s : mesh.shape()) mix(std::hash<int64_t>{}(s));
-  for (const auto& n : mesh.names()) mix(std::hash<std::string>{}(n));
-  for (int r : mesh.ranks()) mix(std::hash<int>{}(r));
-  return h;
-}
+size_t std::hash<tessera::MeshSpec>::operator()(const tessera::MeshSpec& mesh) const noexcept { return mesh.hash(); }

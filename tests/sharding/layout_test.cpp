@@ -184,7 +184,9 @@ TEST(Layout, EmptyPiecesSitAtTheirParentsEndInEveryShardOrder) {
           const Block block = layout.block(coordinate);
           EXPECT_EQ(block.begin[0], offset) << layout.to_string() << " rank " << r;
           EXPECT_EQ(block.end[0] - block.begin[0], length) << layout.to_string() << " rank " << r;
-          if (order.size() == 1 && length == 0) EXPECT_EQ(block.begin[0], size);
+          if (order.size() == 1 && length == 0) {
+            EXPECT_EQ(block.begin[0], size);
+          }
         }
       } while (std::next_permutation(order.begin(), order.end()));
     }
