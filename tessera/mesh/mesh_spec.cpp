@@ -67,6 +67,21 @@ MeshSpec::MeshSpec(Shape shape, std::vector<std::string> names, std::vector<int>
     TESSERA_CHECK(distinct.insert(r).second, ShardingError, "DeviceMesh", "rank ", r, " appears twice in ", text);
   }
   data->hash = hash_of(mesh.shape, mesh.names, mesh.ranks);
+  // Lookup tables: layouts ask for the coordinates of every rank, many times per plan.
+  int top = -1;
+  for (int r : mesh.ranks) top = std::max(top, r);
+  mesh.index_of_rank.assign(static_cast<size_t>(top + 1), -1);
+  mesh.coordinates.resize(mesh.ranks.size());
+  for (size_t i = 0; i < mesh.ranks.size(); ++i) {
+    mesh.index_of_rank[static_cast<size_t>(mesh.ranks[i])] = static_cast<int64_t>(i);
+    auto& c = mesh.coordinates[i];
+    c.resize(static_cast<size_t>(mesh.shape.size()));
+    int64_t flat = static_cast<int64_t>(i);
+    for (int64_t d = mesh.shape.size() - 1; d >= 0; --d) {
+      c[static_cast<size_t>(d)] = flat % mesh.shape[d];
+      flat /= mesh.shape[d];
+    }
+  }
   data_ = std::move(data);
 }
 
@@ -89,19 +104,13 @@ int64_t MeshSpec::dim_of(std::string_view axis) const {
 }
 
 bool MeshSpec::contains(int world_rank) const {
-  return std::find(data_->ranks.begin(), data_->ranks.end(), world_rank) != data_->ranks.end();
+  const auto& index = data_->index_of_rank;
+  return world_rank >= 0 && static_cast<size_t>(world_rank) < index.size() && index[static_cast<size_t>(world_rank)] >= 0;
 }
 
-std::vector<int64_t> MeshSpec::coordinate_of(int world_rank) const {
-  const auto it = std::find(data_->ranks.begin(), data_->ranks.end(), world_rank);
-  TESSERA_CHECK(it != data_->ranks.end(), ShardingError, "DeviceMesh", "world rank ", world_rank, " is not in ", to_string());
-  int64_t flat = it - data_->ranks.begin();
-  std::vector<int64_t> coordinate(static_cast<size_t>(ndim()));
-  for (int64_t d = ndim() - 1; d >= 0; --d) {
-    coordinate[static_cast<size_t>(d)] = flat % data_->shape[d];
-    flat /= data_->shape[d];
-  }
-  return coordinate;
+const std::vector<int64_t>& MeshSpec::coordinate_of(int world_rank) const {
+  TESSERA_CHECK(contains(world_rank), ShardingError, "DeviceMesh", "world rank ", world_rank, " is not in ", to_string());
+  return data_->coordinates[static_cast<size_t>(data_->index_of_rank[static_cast<size_t>(world_rank)])];
 }
 
 std::vector<std::vector<int64_t>> MeshSpec::group(std::vector<int64_t> coordinate,

@@ -36,8 +36,8 @@ class MeshSpec {
   int64_t dim_of(std::string_view axis) const;
   /// True if world_rank is one of the mesh's ranks.
   bool contains(int world_rank) const;
-  /// Grid coordinates of world_rank. Throws ShardingError if it is not in the mesh.
-  std::vector<int64_t> coordinate_of(int world_rank) const;
+  /// Grid coordinates of world_rank (a table lookup). Throws ShardingError if it is not in the mesh.
+  const std::vector<int64_t>& coordinate_of(int world_rank) const;
   /// World rank at coordinates. Throws ShardingError if out of range.
   int rank_at(const std::vector<int64_t>& coordinate) const;
   /// The coordinates that differ from `coordinate` only along `dims`, in group-rank order
@@ -58,6 +58,8 @@ class MeshSpec {
     std::vector<std::string> names;
     std::vector<int> ranks;
     size_t hash = 0;
+    std::vector<int64_t> index_of_rank;              // by world rank: position in ranks, or -1
+    std::vector<std::vector<int64_t>> coordinates;  // by position in ranks
   };
   std::shared_ptr<const Data> data_;
 };

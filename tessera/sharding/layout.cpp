@@ -68,41 +68,46 @@ std::string describe(const Shape& shape, DType dtype, const MeshSpec& mesh, cons
 }  // namespace
 
 Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placements, ShardOrder shard_order,
-               ShardSizes sizes)
-    : global_shape_(std::move(global_shape)), dtype_(dtype), mesh_(std::move(mesh)), placements_(std::move(placements)) {
-  const int64_t nd = global_shape_.size();
+               ShardSizes sizes) {
+  auto data = std::make_shared<Data>();
+  Data& l = *data;
+  l.global_shape = std::move(global_shape);
+  l.dtype = dtype;
+  l.mesh = std::move(mesh);
+  l.placements = std::move(placements);
+  const int64_t nd = l.global_shape.size();
   // Descriptions are built only when a check fails: the dispatcher constructs many layouts per miss.
-  const auto text = [&] { return describe(global_shape_, dtype_, mesh_, placements_); };
-  TESSERA_CHECK(static_cast<int64_t>(placements_.size()) == mesh_.ndim(), ShardingError, "Layout", "layout ", text(),
-                " has ", placements_.size(), " placements for a mesh of ", mesh_.ndim(), " dims");
-  for (int64_t s : global_shape_) TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative size in layout ", text());
-  orders_.assign(static_cast<size_t>(nd), {});
-  for (int64_t m = 0; m < mesh_.ndim(); ++m) {
-    auto* shard = std::get_if<Shard>(&placements_[static_cast<size_t>(m)]);
+  const auto text = [&] { return describe(l.global_shape, l.dtype, l.mesh, l.placements); };
+  TESSERA_CHECK(static_cast<int64_t>(l.placements.size()) == l.mesh.ndim(), ShardingError, "Layout", "layout ", text(),
+                " has ", l.placements.size(), " placements for a mesh of ", l.mesh.ndim(), " dims");
+  for (int64_t s : l.global_shape) TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative size in layout ", text());
+  l.orders.assign(static_cast<size_t>(nd), {});
+  for (int64_t m = 0; m < l.mesh.ndim(); ++m) {
+    auto* shard = std::get_if<Shard>(&l.placements[static_cast<size_t>(m)]);
     if (!shard) continue;
     TESSERA_CHECK(shard->dim >= -nd && shard->dim < nd, ShardingError, "Layout", "shard dim ", shard->dim,
                   " of mesh dim ", m, " out of range in layout ", text(), "; the tensor has ", nd, " dims");
     if (shard->dim < 0) shard->dim += nd;
-    orders_[static_cast<size_t>(shard->dim)].push_back(m);
+    l.orders[static_cast<size_t>(shard->dim)].push_back(m);
   }
   for (auto& [dim, order] : shard_order) {
     TESSERA_CHECK(dim >= 0 && dim < nd, ShardingError, "Layout", "shard order for tensor dim ", dim,
                   " out of range in layout ", text());
-    std::vector<int64_t> given = order, expected = orders_[static_cast<size_t>(dim)];
+    std::vector<int64_t> given = order, expected = l.orders[static_cast<size_t>(dim)];
     std::sort(given.begin(), given.end());
     TESSERA_CHECK(given == expected, ShardingError, "Layout", "shard order ", Shape(order).to_string(),
                   " for tensor dim ", dim, " must list exactly the mesh dims sharding it, ",
                   Shape(expected).to_string(), ", in layout ", text());
-    orders_[static_cast<size_t>(dim)] = order;
+    l.orders[static_cast<size_t>(dim)] = order;
   }
-  pieces_.resize(static_cast<size_t>(nd));
-  starts_.resize(static_cast<size_t>(nd));
-  explicit_.assign(static_cast<size_t>(nd), false);
+  l.pieces.resize(static_cast<size_t>(nd));
+  l.starts.resize(static_cast<size_t>(nd));
+  l.explicit_sizes.assign(static_cast<size_t>(nd), false);
   for (int64_t d = 0; d < nd; ++d) {
     std::vector<int64_t> splits;
-    for (int64_t m : orders_[static_cast<size_t>(d)]) splits.push_back(mesh_.shape()[m]);
+    for (int64_t m : l.orders[static_cast<size_t>(d)]) splits.push_back(l.mesh.shape()[m]);
     const int64_t count = std::accumulate(splits.begin(), splits.end(), int64_t{1}, std::multiplies<>());
-    auto& pieces = pieces_[static_cast<size_t>(d)];
+    auto& pieces = l.pieces[static_cast<size_t>(d)];
     if (auto it = sizes.find(d); it != sizes.end()) {
       TESSERA_CHECK(!splits.empty(), ShardingError, "Layout", "explicit sizes for tensor dim ", d,
                     ", which is not sharded, in layout ", text());
@@ -116,75 +121,76 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
                       " in layout ", text());
         total += s;
       }
-      TESSERA_CHECK(total == global_shape_[d], ShardingError, "Layout", "explicit sizes ", Shape(pieces).to_string(),
-                    " for tensor dim ", d, " add up to ", total, " but the dim has size ", global_shape_[d],
+      TESSERA_CHECK(total == l.global_shape[d], ShardingError, "Layout", "explicit sizes ", Shape(pieces).to_string(),
+                    " for tensor dim ", d, " add up to ", total, " but the dim has size ", l.global_shape[d],
                     " in layout ", text());
       // Sizes equal to chunk semantics are the default layout, not an explicit one.
-      explicit_[static_cast<size_t>(d)] = pieces != chunk_sizes(global_shape_[d], splits);
+      l.explicit_sizes[static_cast<size_t>(d)] = pieces != chunk_sizes(l.global_shape[d], splits);
     } else {
-      pieces = chunk_sizes(global_shape_[d], splits);
+      pieces = chunk_sizes(l.global_shape[d], splits);
     }
-    auto& starts = starts_[static_cast<size_t>(d)];
+    auto& starts = l.starts[static_cast<size_t>(d)];
     starts.assign(pieces.size() + 1, 0);
     for (size_t i = 0; i < pieces.size(); ++i) starts[i + 1] = starts[i] + pieces[i];
   }
   for (const auto& [dim, ignored] : sizes)
     TESSERA_CHECK(dim >= 0 && dim < nd, ShardingError, "Layout", "explicit sizes for tensor dim ", dim,
                   " out of range in layout ", text());
-  hash_ = compute_hash(*this);
+  data_ = data;
+  data->hash = compute_hash(*this);
 }
 
 bool Layout::has_partial() const {
-  return std::any_of(placements_.begin(), placements_.end(), [](const Placement& p) { return is_partial(p); });
+  return std::any_of(data_->placements.begin(), data_->placements.end(), [](const Placement& p) { return is_partial(p); });
 }
 
 bool Layout::is_replicated() const {
-  return std::all_of(placements_.begin(), placements_.end(), [](const Placement& p) { return is_replicate(p); });
+  return std::all_of(data_->placements.begin(), data_->placements.end(), [](const Placement& p) { return is_replicate(p); });
 }
 
 Block Layout::block(const std::vector<int64_t>& coordinate) const {
-  TESSERA_CHECK(static_cast<int64_t>(coordinate.size()) == mesh_.ndim(), ShardingError, "Layout::block",
+  TESSERA_CHECK(static_cast<int64_t>(coordinate.size()) == data_->mesh.ndim(), ShardingError, "Layout::block",
                 "coordinate ", Shape(coordinate).to_string(), " has ", coordinate.size(), " entries for ",
                 to_string());
-  for (int64_t m = 0; m < mesh_.ndim(); ++m)
-    TESSERA_CHECK(coordinate[static_cast<size_t>(m)] >= 0 && coordinate[static_cast<size_t>(m)] < mesh_.shape()[m],
+  for (int64_t m = 0; m < data_->mesh.ndim(); ++m)
+    TESSERA_CHECK(coordinate[static_cast<size_t>(m)] >= 0 && coordinate[static_cast<size_t>(m)] < data_->mesh.shape()[m],
                   ShardingError, "Layout::block", "coordinate ", Shape(coordinate).to_string(), " out of range for ",
                   to_string());
-  Block out{Shape::filled(ndim(), 0), global_shape_};
+  Block out{Shape::filled(ndim(), 0), data_->global_shape};
   for (int64_t d = 0; d < ndim(); ++d) {
-    const auto& order = orders_[static_cast<size_t>(d)];
+    const auto& order = data_->orders[static_cast<size_t>(d)];
     if (order.empty()) continue;
     int64_t piece = 0;  // mixed radix over the mesh dims in splitting order
-    for (int64_t m : order) piece = piece * mesh_.shape()[m] + coordinate[static_cast<size_t>(m)];
-    out.begin[d] = starts_[static_cast<size_t>(d)][static_cast<size_t>(piece)];
-    out.end[d] = starts_[static_cast<size_t>(d)][static_cast<size_t>(piece) + 1];
+    for (int64_t m : order) piece = piece * data_->mesh.shape()[m] + coordinate[static_cast<size_t>(m)];
+    out.begin[d] = data_->starts[static_cast<size_t>(d)][static_cast<size_t>(piece)];
+    out.end[d] = data_->starts[static_cast<size_t>(d)][static_cast<size_t>(piece) + 1];
   }
   return out;
 }
 
-Block Layout::block_of_rank(int world_rank) const { return block(mesh_.coordinate_of(world_rank)); }
+Block Layout::block_of_rank(int world_rank) const { return block(data_->mesh.coordinate_of(world_rank)); }
 
 Layout Layout::with_placements(Placements placements) const {
-  Layout candidate(global_shape_, dtype_, mesh_, placements);
+  Layout candidate(data_->global_shape, data_->dtype, data_->mesh, placements);
   ShardOrder order;
   ShardSizes sizes;
   for (int64_t d = 0; d < ndim(); ++d) {
-    const std::vector<int64_t>& mine = orders_[static_cast<size_t>(d)];
-    const std::vector<int64_t>& theirs = candidate.orders_[static_cast<size_t>(d)];
+    const std::vector<int64_t>& mine = data_->orders[static_cast<size_t>(d)];
+    const std::vector<int64_t>& theirs = candidate.data_->orders[static_cast<size_t>(d)];
     std::vector<int64_t> a = mine, b = theirs;
     std::sort(a.begin(), a.end());
     std::sort(b.begin(), b.end());
     if (a == b) {
       if (a.empty()) continue;
       order[d] = mine;
-      if (explicit_[static_cast<size_t>(d)]) sizes[d] = pieces_[static_cast<size_t>(d)];
+      if (data_->explicit_sizes[static_cast<size_t>(d)]) sizes[d] = data_->pieces[static_cast<size_t>(d)];
       continue;
     }
-    if (!explicit_[static_cast<size_t>(d)]) continue;
+    if (!data_->explicit_sizes[static_cast<size_t>(d)]) continue;
     // Explicit pieces survive a mesh dim sharding them further or no longer: a mesh dim that
     // joins goes innermost and chunks every piece; mesh dims leaving from the inner end merge
     // their pieces back. (S(0) sizes [3, 0, 5], R) -> (S(0), S(0)) -> (S(0), R) keeps [3, 0, 5].
-    const auto& pieces = pieces_[static_cast<size_t>(d)];
+    const auto& pieces = data_->pieces[static_cast<size_t>(d)];
     std::vector<int64_t> joining, kept;
     for (int64_t m : theirs)
       if (std::find(mine.begin(), mine.end(), m) == mine.end()) joining.push_back(m);
@@ -193,7 +199,7 @@ Layout Layout::with_placements(Placements placements) const {
     const bool leaving_inner = std::equal(kept.begin(), kept.end(), mine.begin());
     if (!joining.empty() && kept == mine) {
       std::vector<int64_t> splits;
-      for (int64_t m : joining) splits.push_back(mesh_.shape()[m]);
+      for (int64_t m : joining) splits.push_back(data_->mesh.shape()[m]);
       std::vector<int64_t> chunked;
       for (int64_t piece : pieces)
         for (int64_t s : chunk_sizes(piece, splits)) chunked.push_back(s);
@@ -202,32 +208,44 @@ Layout Layout::with_placements(Placements placements) const {
       sizes[d] = std::move(chunked);
     } else if (joining.empty() && leaving_inner && !kept.empty()) {
       int64_t merged = 1;
-      for (size_t i = kept.size(); i < mine.size(); ++i) merged *= mesh_.shape()[mine[i]];
+      for (size_t i = kept.size(); i < mine.size(); ++i) merged *= data_->mesh.shape()[mine[i]];
       std::vector<int64_t> summed(pieces.size() / static_cast<size_t>(merged), 0);
       for (size_t i = 0; i < pieces.size(); ++i) summed[i / static_cast<size_t>(merged)] += pieces[i];
       order[d] = kept;
       sizes[d] = std::move(summed);
     }
   }
-  return Layout(global_shape_, dtype_, mesh_, std::move(placements), order, sizes);
+  return Layout(data_->global_shape, data_->dtype, data_->mesh, std::move(placements), order, sizes);
+}
+
+Layout::Layout() {
+  static const auto empty = [] {
+    auto data = std::make_shared<Data>();
+    data->hash = std::hash<MeshSpec>{}(data->mesh);
+    return std::shared_ptr<const Data>(std::move(data));
+  }();
+  data_ = empty;
 }
 
 Layout Layout::with_dtype(DType dtype) const {
-  Layout out = *this;
-  out.dtype_ = dtype;
-  out.hash_ = compute_hash(out);
+  if (dtype == data_->dtype) return *this;
+  auto data = std::make_shared<Data>(*data_);
+  data->dtype = dtype;
+  Layout out;
+  out.data_ = data;
+  data->hash = compute_hash(out);
   return out;
 }
 
 std::string Layout::to_string() const {
-  std::string text = describe(global_shape_, dtype_, mesh_, placements_);
+  std::string text = describe(data_->global_shape, data_->dtype, data_->mesh, data_->placements);
   std::string orders, sizes;
   for (int64_t d = 0; d < ndim(); ++d) {
-    const auto& order = orders_[static_cast<size_t>(d)];
+    const auto& order = data_->orders[static_cast<size_t>(d)];
     if (!std::is_sorted(order.begin(), order.end()))
       orders += (orders.empty() ? "" : ", ") + std::to_string(d) + ": " + Shape(order).to_string();
-    if (explicit_[static_cast<size_t>(d)])
-      sizes += (sizes.empty() ? "" : ", ") + std::to_string(d) + ": " + Shape(pieces_[static_cast<size_t>(d)]).to_string();
+    if (data_->explicit_sizes[static_cast<size_t>(d)])
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(d) + ": " + Shape(data_->pieces[static_cast<size_t>(d)]).to_string();
   }
   if (!orders.empty()) text += " order {" + orders + "}";
   if (!sizes.empty()) text += " sizes {" + sizes + "}";

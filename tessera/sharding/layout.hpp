@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,23 +46,23 @@ using ShardSizes = std::map<int64_t, std::vector<int64_t>>;
 /// Example: `[18, 2] f32 on mesh[dp=4, tp=2] as (S(0), S(0))` gives rank (dp=1, tp=1) rows [8, 10).
 class Layout {
  public:
-  Layout() = default;
+  Layout();
   /// Throws ShardingError naming the layout in its text form for any broken constraint.
   Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placements, ShardOrder shard_order = {},
          ShardSizes sizes = {});
 
-  const Shape& global_shape() const { return global_shape_; }
-  DType dtype() const { return dtype_; }
-  const MeshSpec& mesh() const { return mesh_; }
-  const Placements& placements() const { return placements_; }
-  int64_t ndim() const { return global_shape_.size(); }
+  const Shape& global_shape() const { return data_->global_shape; }
+  DType dtype() const { return data_->dtype; }
+  const MeshSpec& mesh() const { return data_->mesh; }
+  const Placements& placements() const { return data_->placements; }
+  int64_t ndim() const { return data_->global_shape.size(); }
 
   /// Mesh dims sharding tensor dim `dim`, in splitting order (empty when not sharded).
-  const std::vector<int64_t>& shard_order(int64_t dim) const { return orders_[static_cast<size_t>(dim)]; }
+  const std::vector<int64_t>& shard_order(int64_t dim) const { return data_->orders[static_cast<size_t>(dim)]; }
   /// Sizes of the pieces of tensor dim `dim` in splitting order ({size} when not sharded).
-  const std::vector<int64_t>& piece_sizes(int64_t dim) const { return pieces_[static_cast<size_t>(dim)]; }
+  const std::vector<int64_t>& piece_sizes(int64_t dim) const { return data_->pieces[static_cast<size_t>(dim)]; }
   /// True when piece sizes were given explicitly rather than by chunk semantics.
-  bool has_explicit_sizes(int64_t dim) const { return explicit_[static_cast<size_t>(dim)]; }
+  bool has_explicit_sizes(int64_t dim) const { return data_->explicit_sizes[static_cast<size_t>(dim)]; }
   /// True when any mesh dim holds a Partial.
   bool has_partial() const;
   /// True when every placement is Replicate (or the mesh has no dims).
@@ -87,24 +88,31 @@ class Layout {
   /// non-default shard order and " sizes {0: [3, 5]}" for explicit sizes.
   std::string to_string() const;
   /// Hash of the whole layout, computed once at construction (dispatch caches key on it).
-  size_t hash() const { return hash_; }
+  size_t hash() const { return data_->hash; }
 
   friend bool operator==(const Layout& a, const Layout& b) {
-    if (&a == &b) return true;
-    return a.hash_ == b.hash_ && a.global_shape_ == b.global_shape_ && a.dtype_ == b.dtype_ && a.mesh_ == b.mesh_ &&
-           a.placements_ == b.placements_ && a.orders_ == b.orders_ && a.pieces_ == b.pieces_;
+    if (a.data_ == b.data_) return true;
+    const Data& x = *a.data_;
+    const Data& y = *b.data_;
+    return x.hash == y.hash && x.global_shape == y.global_shape && x.dtype == y.dtype && x.mesh == y.mesh &&
+           x.placements == y.placements && x.orders == y.orders && x.pieces == y.pieces;
   }
 
  private:
-  Shape global_shape_;
-  DType dtype_ = DType::f32;
-  MeshSpec mesh_;
-  Placements placements_;
-  std::vector<std::vector<int64_t>> orders_;  // per tensor dim
-  std::vector<std::vector<int64_t>> pieces_;  // per tensor dim
-  std::vector<std::vector<int64_t>> starts_;  // per tensor dim: prefix sums of pieces_
-  std::vector<bool> explicit_;
-  size_t hash_ = 0;
+  // Immutable once built and shared by copies: the planner and the dispatcher copy layouts
+  // often, and a copy is then a reference count rather than a dozen vectors.
+  struct Data {
+    Shape global_shape;
+    DType dtype = DType::f32;
+    MeshSpec mesh;
+    Placements placements;
+    std::vector<std::vector<int64_t>> orders;  // per tensor dim
+    std::vector<std::vector<int64_t>> pieces;  // per tensor dim
+    std::vector<std::vector<int64_t>> starts;  // per tensor dim: prefix sums of pieces
+    std::vector<bool> explicit_sizes;
+    size_t hash = 0;
+  };
+  std::shared_ptr<const Data> data_;
 };
 
 /// Sizes of torch.chunk-style pieces of `length` split by each of `splits` in turn.

@@ -152,8 +152,15 @@ Shape factor_output_shape(const FactorRule& rule, const std::vector<const Layout
   return out;
 }
 
-OpProposal factor_proposal(const FactorRule& rule, const std::vector<const Layout*>& inputs, const OpStrategy& strategy,
-                           const Shape& output_shape) {
+namespace {
+
+// Layouts already built for one operand, by placements: strategies share most operand
+// placements (a 3-d mesh gives ~125 strategies over ~27 placements per operand), and a layout
+// is immutable, so equal ones are built once and shared.
+using LayoutMemo = std::vector<std::vector<std::pair<Placements, Layout>>>;  // per operand (inputs, then output)
+
+OpProposal build_proposal(const FactorRule& rule, const std::vector<const Layout*>& inputs, const OpStrategy& strategy,
+                          const Shape& output_shape, LayoutMemo* memo) {
   const MeshSpec& mesh = inputs.front()->mesh();
   const int64_t mesh_ndim = mesh.ndim();
   // Mesh dims sharding each factor, in ascending order.
@@ -200,12 +207,30 @@ OpProposal factor_proposal(const FactorRule& rule, const std::vector<const Layou
     }
     return Layout(shape, dtype, mesh, p, orders, explicit_sizes);
   };
+  // An operand's layout depends only on its own placements: the factors it carries are sharded
+  // by exactly the mesh dims its placements name.
+  const auto operand = [&](size_t slot, const std::vector<int>& dims, const Shape& shape, DType dtype,
+                           const Placements& p) {
+    if (!memo) return layout_of(dims, shape, dtype, p);
+    auto& seen = (*memo)[slot];
+    for (const auto& [placements, layout] : seen)
+      if (placements == p) return layout;
+    seen.emplace_back(p, layout_of(dims, shape, dtype, p));
+    return seen.back().second;
+  };
   OpProposal proposal;
   for (size_t i = 0; i < inputs.size(); ++i)
     proposal.inputs.push_back(
-        layout_of(rule.inputs[i], inputs[i]->global_shape(), inputs[i]->dtype(), strategy.inputs[i]));
-  proposal.output = layout_of(rule.output, output_shape, inputs.front()->dtype(), strategy.output);
+        operand(i, rule.inputs[i], inputs[i]->global_shape(), inputs[i]->dtype(), strategy.inputs[i]));
+  proposal.output = operand(inputs.size(), rule.output, output_shape, inputs.front()->dtype(), strategy.output);
   return proposal;
+}
+
+}  // namespace
+
+OpProposal factor_proposal(const FactorRule& rule, const std::vector<const Layout*>& inputs, const OpStrategy& strategy,
+                           const Shape& output_shape) {
+  return build_proposal(rule, inputs, strategy, output_shape, nullptr);
 }
 
 std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vector<const Layout*>& inputs,
@@ -216,8 +241,9 @@ std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vect
 std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vector<const Layout*>& inputs,
                                          const Shape& output_shape) {
   std::vector<OpProposal> proposals;
+  LayoutMemo memo(inputs.size() + 1);
   for (const auto& strategy : expand_rows(factor_rows(rule), inputs.front()->mesh().ndim()))
-    proposals.push_back(factor_proposal(rule, inputs, strategy, output_shape));
+    proposals.push_back(build_proposal(rule, inputs, strategy, output_shape, &memo));
   return proposals;
 }
 
@@ -302,13 +328,21 @@ size_t cheapest_proposal(const std::vector<OpProposal>& proposals, const std::ve
     return c;
   };
   // Without a bound every proposal is priced in order; with one, in order of its bounded total.
+  std::vector<std::vector<std::pair<const Layout*, double>>> bounds(inputs.size());  // each (input, target) once
+  const auto move_bound = [&](size_t i, const Layout& to) {
+    for (const auto& [seen, b] : bounds[i])
+      if (*seen == to) return b;
+    const double b = bound(*inputs[i], to);
+    bounds[i].emplace_back(&to, b);
+    return b;
+  };
   std::vector<double> floor(proposals.size(), 0.0);
   std::vector<size_t> order(proposals.size());
   for (size_t p = 0; p < proposals.size(); ++p) {
     order[p] = p;
     if (bound)
       for (size_t i = 0; i < inputs.size(); ++i)
-        if (!(proposals[p].inputs[i] == *inputs[i])) floor[p] += bound(*inputs[i], proposals[p].inputs[i]);
+        if (!(proposals[p].inputs[i] == *inputs[i])) floor[p] += move_bound(i, proposals[p].inputs[i]);
   }
   if (bound) std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return floor[a] < floor[b]; });
   // A margin for rounding: the bound and the cost add the same terms in different orders.
