@@ -347,8 +347,9 @@ std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOp
 //   reduction still has to bring the block in, so this only undercounts);
 // - messages: the Partial mesh dims dst does not keep, of k1, k2, ... ranks, need reductions over
 //   them: rounds(k1 k2 ...) messages at least, however they are grouped into calls (rounds of a
-//   product never exceed the sum of the rounds); otherwise one message if any byte must move;
-// - calls: one if anything must move;
+//   product never exceed the sum of the rounds); and one more if a rank lacks elements, which
+//   no reduction brings (a reduction's result lies inside the block it reduces);
+// - calls: one for the reductions, one for what a rank lacks;
 // - steps (the tie-break): one step changes mesh dims of one kind only, and the kind follows
 //   from the placement left (Shard: gather or all_to_all; Replicate: chunk or to_partial;
 //   Partial: a reduction), so each class of placement among the differing dims takes a step of
@@ -372,8 +373,10 @@ double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& o
   const double steps = std::max(0.25, std::min(classes, leaves[2] ? 0.75 : 0.5));
   const int64_t reduce_messages = rounds(reduced_ranks);
   const double bytes = static_cast<double>(lacking * itemsize(dst.dtype()));
-  const int64_t messages = std::max<int64_t>(lacking > 0 ? 1 : 0, reduce_messages);
-  const int64_t calls = messages > 0 ? 1 : 0;
+  // A reduction never brings a rank elements outside its block, so what a rank lacks comes by
+  // another step (gather, all_to_all, exchange): its call and message come on top.
+  const int64_t messages = (lacking > 0 ? 1 : 0) + reduce_messages;
+  const int64_t calls = (lacking > 0 ? 1 : 0) + (reduce_messages > 0 ? 1 : 0);
   return bytes + options.cost.message_bytes() * static_cast<double>(messages) +
          options.cost.call_bytes() * static_cast<double>(calls) + steps;
 }
