@@ -121,6 +121,8 @@ std::vector<ShardingRow> factor_rows(const FactorRule& rule);
 
 /// Every combination of one row per mesh dim, the all-Replicate strategy first. Pure.
 std::vector<OpStrategy> expand_rows(const std::vector<ShardingRow>& rows, int64_t mesh_ndim);
+/// The same with each mesh dim's own rows (rows_per_dim[m] for mesh dim m). Pure.
+std::vector<OpStrategy> expand_rows(const std::vector<std::vector<ShardingRow>>& rows_per_dim);
 
 /// A candidate in layouts: the layout every input must have and the layout of the output (with
 /// the first input's dtype as a stand-in; the dispatcher sets the kernel's).

@@ -150,3 +150,54 @@ TEST(OpRules, TheBoundedSearchChoosesWhatPricingEveryStrategyChooses) {
   // Not a timing: a count. The bounded search plans a small fraction of what pricing all does.
   EXPECT_LT(planned_bounded * 5, planned_all) << planned_bounded << " plans with the bound, " << planned_all << " without";
 }
+
+// Issue 12 item 13: factor_proposals drops, per mesh dim, the linearity rows whose Partial inputs
+// hold no such Partial there (dominated by the all-Replicate row). The choice over the remaining
+// strategies must be the choice over all of them, at the same cost, for every op and input.
+TEST(OpRules, DroppedLinearityRowsAreNeverChosen) {
+  PlanOptions options;
+  options.allow_partial_destination = true;
+  const auto cost = [&](const Layout& from, const Layout& to) { return plan(from, to, options).cost; };
+  int64_t cases = 0, dropped = 0;
+  for (const MeshSpec& mesh : {MeshSpec(Shape{2, 2}, {"a", "b"}), MeshSpec(Shape{2, 1, 2}, {"a", "b", "c"}),
+                               MeshSpec(Shape{3}, {"a"})}) {
+    const int64_t n = mesh.ndim();
+    std::vector<Placements> pick = {Placements(static_cast<size_t>(n), Replicate{}),
+                                    Placements(static_cast<size_t>(n), Partial{}),
+                                    Placements(static_cast<size_t>(n), Shard{0})};
+    pick.push_back(pick[0]), pick.back()[0] = Partial{};
+    pick.push_back(pick[0]), pick.back().back() = Shard{1};
+    pick.push_back(pick[2]), pick.back()[0] = Partial{ReduceOp::max};
+    for (const Placements& a : pick)
+      for (const Placements& b : pick) {
+        const Layout x(Shape{6, 4}, DType::f32, mesh, a), y(Shape{6, 4}, DType::f32, mesh, b);
+        const Layout w(Shape{4, 5}, DType::f32, mesh, b);
+        const std::vector<std::pair<FactorRule, std::vector<const Layout*>>> rules = {
+            {elementwise_factor_rule({x.global_shape(), y.global_shape()}, Linearity::additive, ScalarSlot::none, "add"), {&x, &y}},
+            {elementwise_factor_rule({x.global_shape(), y.global_shape()}, Linearity::scaling, ScalarSlot::none, "mul"), {&x, &y}},
+            {elementwise_factor_rule({x.global_shape(), y.global_shape()}, Linearity::max_like, ScalarSlot::none, "maximum"), {&x, &y}},
+            {matmul_factor_rule(x.global_shape(), w.global_shape(), "matmul"), {&x, &w}}};
+        for (const auto& [rule, inputs] : rules) {
+          SCOPED_TRACE(rule.to_string() + " on " + mesh.to_string() + " from " + to_string(a) + ", " + to_string(b));
+          const Shape shape = factor_output_shape(rule, inputs, "test");
+          const std::vector<OpProposal> kept = factor_proposals(rule, inputs, shape);
+          std::vector<OpProposal> all;
+          for (const OpStrategy& s : expand_rows(factor_rows(rule), n)) all.push_back(factor_proposal(rule, inputs, s, shape));
+          ASSERT_LE(kept.size(), all.size());
+          dropped += static_cast<int64_t>(all.size() - kept.size());
+          const auto total = [&](const OpProposal& p) {
+            double sum = 0;
+            for (size_t i = 0; i < inputs.size(); ++i) sum += p.inputs[i] == *inputs[i] ? 0.0 : cost(*inputs[i], p.inputs[i]);
+            return sum;
+          };
+          const OpProposal& from_kept = kept[cheapest_proposal(kept, inputs, cost, "test")];
+          const OpProposal& from_all = all[cheapest_proposal(all, inputs, cost, "test")];
+          EXPECT_DOUBLE_EQ(total(from_kept), total(from_all));
+          EXPECT_EQ(from_kept.output, from_all.output);
+          ++cases;
+        }
+      }
+  }
+  EXPECT_GT(cases, 300);
+  EXPECT_GT(dropped, 1000);  // the rows really are dropped
+}
