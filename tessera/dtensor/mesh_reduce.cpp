@@ -37,7 +37,7 @@ std::vector<int64_t> mesh_dims_of(const DTensor& t, const std::vector<std::strin
   TESSERA_CHECK(!dims.empty(), ShardingError, op, "no mesh dims given for ", t.to_string());
   std::vector<int64_t> out;
   for (const std::string& axis : dims) {
-    const int64_t m = t.device_mesh().spec().dim_of(axis);
+    const int64_t m = t.device_mesh().spec().dim_of(axis, op);
     TESSERA_CHECK(std::find(out.begin(), out.end(), m) == out.end(), ShardingError, op, "mesh dim ", axis,
                   " named twice for ", t.to_string());
     out.push_back(m);
@@ -139,7 +139,7 @@ Tensor DTensor::fetch_shard(const std::map<std::string, int64_t>& coordinates) c
   const MeshSpec& spec = mesh_.spec();
   std::vector<int64_t> at(static_cast<size_t>(spec.ndim()), 0);
   for (const auto& [axis, index] : coordinates) {
-    const int64_t m = spec.dim_of(axis);
+    const int64_t m = spec.dim_of(axis, "DTensor::fetch_shard");
     TESSERA_CHECK(index >= 0 && index < spec.shape()[m], ShardingError, "DTensor::fetch_shard", "coordinate ", axis,
                   "=", index, " out of range for ", spec.to_string());
     at[static_cast<size_t>(m)] = index;

@@ -141,7 +141,7 @@ std::vector<int64_t> DeviceMesh::coordinate() const { return member_state("Devic
 
 int64_t DeviceMesh::coordinate(std::string_view axis) const {
   const State& s = member_state("DeviceMesh::coordinate");
-  return s.coordinate[static_cast<size_t>(s.spec.dim_of(axis))];
+  return s.coordinate[static_cast<size_t>(s.spec.dim_of(axis, "DeviceMesh::coordinate"))];
 }
 
 std::shared_ptr<Communicator> DeviceMesh::comm_ptr(int64_t dim) const {
@@ -155,7 +155,7 @@ Communicator& DeviceMesh::comm(int64_t dim) const { return *comm_ptr(dim); }
 
 DeviceMesh DeviceMesh::operator[](std::string_view axis) const {
   const State& s = member_state("DeviceMesh::operator[]");
-  const int64_t d = s.spec.dim_of(axis);
+  const int64_t d = s.spec.dim_of(axis, "DeviceMesh::operator[]");
   // The line along d through this rank, in coordinate order.
   std::vector<int> ranks;
   std::vector<int64_t> c = s.coordinate;
@@ -177,7 +177,7 @@ DeviceMesh DeviceMesh::slice(const std::map<std::string, int64_t>& at) const {
   const State& s = *state_;
   std::vector<int64_t> fixed(static_cast<size_t>(ndim()), -1);
   for (const auto& [axis, index] : at) {
-    const int64_t d = s.spec.dim_of(axis);
+    const int64_t d = s.spec.dim_of(axis, "DeviceMesh::slice");
     TESSERA_CHECK(index >= 0 && index < s.spec.shape()[d], ShardingError, "DeviceMesh::slice", "index ", index,
                   " out of range for axis '", axis, "' of ", to_string());
     fixed[static_cast<size_t>(d)] = index;
@@ -235,7 +235,7 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& axes, std::string
   TESSERA_CHECK(!axes.empty(), ShardingError, "DeviceMesh::flatten", "no axes given for ", to_string());
   std::vector<int64_t> dims;
   for (const auto& axis : axes) {
-    const int64_t d = s.spec.dim_of(axis);
+    const int64_t d = s.spec.dim_of(axis, "DeviceMesh::flatten");
     TESSERA_CHECK(std::find(dims.begin(), dims.end(), d) == dims.end(), ShardingError, "DeviceMesh::flatten",
                   "axis '", axis, "' given twice for ", to_string());
     dims.push_back(d);

@@ -48,7 +48,7 @@ class DeviceMesh {
   int64_t coordinate(std::string_view axis) const;
   /// Communicator of one mesh dim through the calling rank (group rank = coordinate on that dim).
   Communicator& comm(int64_t dim) const;
-  Communicator& comm(std::string_view axis) const { return comm(spec().dim_of(axis)); }
+  Communicator& comm(std::string_view axis) const { return comm(spec().dim_of(axis, "DeviceMesh::comm")); }
   std::shared_ptr<Communicator> comm_ptr(int64_t dim) const;
   /// Communicator over the ranks that differ from the calling rank only in `dims` (ascending;
   /// group rank = row-major index over them), for collectives spanning several mesh dims at

@@ -97,10 +97,13 @@ int64_t MeshSpec::size(int64_t dim) const {
   return data_->shape[dim];
 }
 
-int64_t MeshSpec::dim_of(std::string_view axis) const {
+int64_t MeshSpec::dim_of(std::string_view axis, std::string_view call) const {
   for (size_t d = 0; d < data_->names.size(); ++d)
     if (data_->names[d] == axis) return static_cast<int64_t>(d);
-  throw ShardingError(detail::concat("[DeviceMesh] unknown axis '", axis, "' in ", to_string()));
+  std::string axes;
+  for (const auto& n : data_->names) axes += (axes.empty() ? "'" : ", '") + n + "'";
+  throw ShardingError(detail::concat("[", call, "] unknown axis '", axis, "' in ", to_string(), " (its axes: ",
+                                     axes.empty() ? "none" : axes, ")"));
 }
 
 bool MeshSpec::contains(int world_rank) const {

@@ -31,9 +31,10 @@ class MeshSpec {
   int64_t ndim() const { return data_->shape.size(); }
   int64_t size() const { return static_cast<int64_t>(data_->ranks.size()); }
   int64_t size(int64_t dim) const;
-  int64_t size(std::string_view axis) const { return data_->shape[dim_of(axis)]; }
-  /// Index of the named axis. Throws ShardingError naming the mesh if unknown.
-  int64_t dim_of(std::string_view axis) const;
+  int64_t size(std::string_view axis) const { return data_->shape[dim_of(axis, "DeviceMesh::size")]; }
+  /// Index of the named axis. Throws ShardingError naming `call` (the user's), the axis, the mesh
+  /// and its axes if unknown.
+  int64_t dim_of(std::string_view axis, std::string_view call = "DeviceMesh") const;
   /// True if world_rank is one of the mesh's ranks.
   bool contains(int world_rank) const;
   /// Grid coordinates of world_rank (a table lookup). Throws ShardingError if it is not in the mesh.

@@ -154,7 +154,7 @@ TEST(DeviceMesh, SliceFixesCoordinates) {
     EXPECT_EQ(point.size(), 1);
     EXPECT_EQ(point.spec().ranks(), (std::vector<int>{1}));
     EXPECT_TRUE(sharding_error([&] { (void)mesh.slice({{"dp", 9}}); }, {"[DeviceMesh::slice]", "index 9 out of range"}));
-    EXPECT_TRUE(sharding_error([&] { (void)mesh.slice({{"pp", 0}}); }, {"[DeviceMesh]", "unknown axis 'pp'"}));
+    EXPECT_TRUE(sharding_error([&] { (void)mesh.slice({{"pp", 0}}); }, {"[DeviceMesh::slice]", "unknown axis 'pp'"}));
   });
 }
 
@@ -208,7 +208,11 @@ TEST(DeviceMesh, ConstructionErrors) {
     EXPECT_TRUE(sharding_error([&] { DeviceMesh({1}, {"x"}, {n}); },
                                {"[DeviceMesh]", "names rank " + std::to_string(n), "world has"}));
     const DeviceMesh mesh({n}, {"x"});
-    EXPECT_TRUE(sharding_error([&] { (void)mesh.size("y"); }, {"[DeviceMesh]", "unknown axis 'y'"}));
+    EXPECT_TRUE(sharding_error([&] { (void)mesh.size("y"); }, {"[DeviceMesh::size]", "unknown axis 'y'", "(its axes: "}));
+    EXPECT_TRUE(sharding_error([&] { (void)mesh["y"]; }, {"[DeviceMesh::operator[]]", "unknown axis 'y'"}));
+    EXPECT_TRUE(sharding_error([&] { (void)mesh.coordinate("y"); }, {"[DeviceMesh::coordinate]", "unknown axis 'y'"}));
+    EXPECT_TRUE(sharding_error([&] { (void)mesh.flatten({"y"}); }, {"[DeviceMesh::flatten]", "unknown axis 'y'"}));
+    EXPECT_TRUE(sharding_error([&] { (void)mesh.comm("y"); }, {"[DeviceMesh::comm]", "unknown axis 'y'"}));
     EXPECT_TRUE(sharding_error([&] { (void)mesh.comm(1); }, {"[DeviceMesh::comm]", "mesh dim 1 out of range"}));
   });
 }
