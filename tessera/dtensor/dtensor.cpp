@@ -28,6 +28,19 @@ Placements normalized(Placements placements, int64_t ndim, std::string_view call
   return placements;
 }
 
+// A layout made from the user's arguments: its errors name the user's call, not [Layout].
+template <class Make>
+Layout users_layout(std::string_view call, Make&& make) {
+  try {
+    return make();
+  } catch (const ShardingError& e) {
+    std::string what = e.what();
+    constexpr std::string_view internal = "[Layout] ";
+    if (what.rfind(internal, 0) != 0) throw;
+    throw ShardingError("[" + std::string(call) + "] " + what.substr(internal.size()));
+  }
+}
+
 // Global shape from the locals' shapes: each sharded dim's pieces read off the rank holding it.
 ShardSizes inferred_sizes(const Tensor& local, const DeviceMesh& mesh, const Placements& placements, Shape& global) {
   const MeshSpec& spec = mesh.spec();
@@ -200,7 +213,8 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Pl
     TESSERA_CHECK(*options.stride == contiguous_strides(global), ShardingError, "DTensor::from_local", "stride ",
                   options.stride->to_string(), " is not the contiguous stride of global shape ", global.to_string(),
                   "; DTensors are row-major");
-  const Layout layout(global, local.dtype(), mesh.spec(), placements, {}, sizes);
+  const Layout layout = users_layout("DTensor::from_local",
+                                     [&] { return Layout(global, local.dtype(), mesh.spec(), placements, {}, sizes); });
   // A rank outside the mesh holds nothing; its layout is what its local implies.
   if (!member) return DTensor(Tensor(), mesh, layout);
   if (options.run_check) {

@@ -168,6 +168,14 @@ Block Layout::block(const std::vector<int64_t>& coordinate) const {
   return out;
 }
 
+DimVector Layout::global_offset(const std::vector<int64_t>& coordinate) const {
+  const Block b = block(coordinate);
+  DimVector offset = b.begin;
+  for (int64_t d = 0; d < ndim(); ++d)
+    if (!data_->orders[static_cast<size_t>(d)].empty() && b.end[d] == b.begin[d]) offset[d] = data_->global_shape[d];
+  return offset;
+}
+
 Block Layout::block_of_rank(int world_rank) const { return block(data_->mesh.coordinate_of(world_rank)); }
 
 Layout Layout::with_placements(Placements placements) const {

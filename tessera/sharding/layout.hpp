@@ -74,8 +74,11 @@ class Layout {
   Block block_of_rank(int world_rank) const;
   /// Shape of the local piece at a coordinate.
   Shape local_shape(const std::vector<int64_t>& coordinate) const { return block(coordinate).shape(); }
-  /// Global index of the local piece's first element.
-  DimVector global_offset(const std::vector<int64_t>& coordinate) const { return block(coordinate).begin; }
+  /// Global index of the local piece's first element, as PyTorch's
+  /// compute_local_shape_and_global_offset gives it: a piece empty along a sharded dim sits at
+  /// the dim's size there (out of bounds, so it never aliases a real offset), in every shard
+  /// order. (block() keeps an empty piece where its parent piece ends, which views need.)
+  DimVector global_offset(const std::vector<int64_t>& coordinate) const;
 
   /// The same layout with other placements (shard order and explicit sizes kept where they still
   /// apply: a mesh dim newly sharding a tensor dim with explicit pieces splits each piece, by

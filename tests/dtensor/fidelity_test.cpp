@@ -249,6 +249,12 @@ TEST(Fidelity, ErrorsNameTheUsersCall) {
     // An undefined DTensor in an op says so (it used to report "different meshes").
     EXPECT_TRUE(sharding_error([&] { (void)add(DTensor(), a); }, {"[add]", "input 0 is an undefined DTensor"}));
     EXPECT_TRUE(sharding_error([&] { (void)matmul(a, DTensor()); }, {"[matmul]", "input 1 is an undefined DTensor"}));
+    // Explicit sizes of the wrong count: the user's from_local, not the Layout it builds.
+    EXPECT_TRUE(sharding_error(
+        [&] { (void)DTensor::from_local(ones(Shape{2, 3}), mesh, {Shard{0}}, {.sizes = {{0, {5}}}}); },
+        {"[DTensor::from_local]", "explicit sizes [5]", "expected " + std::to_string(world_size())}));
+    // An unknown mesh axis names the call that met it, and the mesh's axes.
+    EXPECT_TRUE(sharding_error([&] { (void)a.reduce({"y"}); }, {"[DTensor::reduce(sum)]", "unknown axis 'y'", "'x'"}));
   });
 }
 

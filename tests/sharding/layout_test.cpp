@@ -151,22 +151,28 @@ TEST(Layout, Errors) {
   EXPECT_TRUE(sharding_error([&] { (void)layout.block_of_rank(5); }, {"[DeviceMesh]", "world rank 5 is not in"}));
 }
 
-// Issue 12: the empty-piece offset convention holds in every shard order. The offset of every
-// piece, empty ones included, is what PyTorch's compute_local_shape_and_global_offset gives when
-// it walks the mesh dims in shard order: each level chunks its parent piece, and an empty chunk
-// sits at its parent's end. So an empty piece of a dim sharded once sits at the dim size, and
-// nested ones at their parent's end, whatever the order.
-TEST(Layout, EmptyPiecesSitAtTheirParentsEndInEveryShardOrder) {
-  const auto torch_offset = [](int64_t size, const std::vector<int64_t>& splits, const std::vector<int64_t>& index) {
-    int64_t offset = 0, length = size;
+// Issue 12: the empty-piece offset convention holds in every shard order. global_offset is what
+// PyTorch's compute_local_shape_and_global_offset gives when it walks the mesh dims in shard
+// order: each level chunks the piece so far, and a piece empty at any level sits at the dim
+// size. The blocks themselves keep an empty piece at its parent's end (views need in-bounds
+// positions); both are checked here against an independent walk.
+TEST(Layout, EmptyPiecesSitAtTheDimSizeInEveryShardOrder) {
+  struct Walk {
+    int64_t offset, length, parent_end;
+  };
+  const auto walk = [](int64_t size, const std::vector<int64_t>& splits, const std::vector<int64_t>& index) {
+    int64_t offset = 0, length = size, begin = 0;
     for (size_t level = 0; level < splits.size(); ++level) {
       const int64_t chunk = (length + splits[level] - 1) / splits[level];
-      const int64_t start = std::min(chunk * index[level], length);  // an empty chunk: the parent's end
-      length = std::min(length, start + chunk) - start;
-      offset += start;
+      const int64_t start = std::min(chunk * index[level], length);
+      const int64_t piece = std::min(length, start + chunk) - start;
+      begin += start;  // the block: an empty chunk at its parent's end
+      offset = piece == 0 ? size : offset + start;  // PyTorch: an empty shard at the dim size
+      length = piece;
     }
-    return std::pair{offset, length};
+    return Walk{offset, length, begin};
   };
+  int64_t empty = 0;
   for (const MeshSpec& mesh : {MeshSpec(Shape{2, 2}, {"a", "b"}), MeshSpec(Shape{2, 3}, {"a", "b"}),
                                MeshSpec(Shape{3, 2, 2}, {"a", "b", "c"}), MeshSpec(Shape{4}, {"a"})})
     for (int64_t size : {0, 1, 2, 3, 5}) {
@@ -180,14 +186,16 @@ TEST(Layout, EmptyPiecesSitAtTheirParentsEndInEveryShardOrder) {
           const auto coordinate = mesh.coordinate_of(r);
           std::vector<int64_t> index;
           for (int64_t m : order) index.push_back(coordinate[static_cast<size_t>(m)]);
-          const auto [offset, length] = torch_offset(size, splits, index);
+          const Walk expected = walk(size, splits, index);
           const Block block = layout.block(coordinate);
-          EXPECT_EQ(block.begin[0], offset) << layout.to_string() << " rank " << r;
-          EXPECT_EQ(block.end[0] - block.begin[0], length) << layout.to_string() << " rank " << r;
-          if (order.size() == 1 && length == 0) {
-            EXPECT_EQ(block.begin[0], size);
-          }
+          SCOPED_TRACE(layout.to_string() + " rank " + std::to_string(r));
+          EXPECT_EQ(block.end[0] - block.begin[0], expected.length);
+          EXPECT_EQ(block.begin[0], expected.parent_end);
+          EXPECT_EQ(layout.global_offset(coordinate)[0], expected.offset);
+          EXPECT_EQ(layout.global_offset(coordinate)[1], 0);  // not sharded: 0 as in PyTorch
+          empty += expected.length == 0;
         }
       } while (std::next_permutation(order.begin(), order.end()));
     }
+  EXPECT_GT(empty, 50);
 }
