@@ -508,10 +508,11 @@ double plan_cost_lower_bound(const Layout& src, const Layout& dst, const PlanOpt
 
 Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   ++plan_calls;
-  const std::string both = src.to_string() + " -> " + dst.to_string();
+  // Built only when a check fails (a dispatch miss plans many times).
+  const auto both = [&] { return src.to_string() + " -> " + dst.to_string(); };
   TESSERA_CHECK(src.global_shape() == dst.global_shape(), ShardingError, "redistribute",
-                "global shapes differ: ", both);
-  TESSERA_CHECK(src.dtype() == dst.dtype(), ShardingError, "redistribute", "dtypes differ: ", both);
+                "global shapes differ: ", both());
+  TESSERA_CHECK(src.dtype() == dst.dtype(), ShardingError, "redistribute", "dtypes differ: ", both());
   const bool same_mesh = src.mesh() == dst.mesh();
   for (int64_t m = 0; m < dst.mesh().ndim(); ++m) {
     const Placement& want = dst.placements()[static_cast<size_t>(m)];
@@ -521,11 +522,11 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     // another mesh dim must not force a reduction. Creating one needs allow_partial_destination.
     TESSERA_CHECK(!have || !is_partial(*have) || *have == want, ShardingError, "redistribute", "cannot turn ",
                   to_string(*have), " into ", to_string(want), " on mesh dim ", m,
-                  " (reduce first; different reductions do not commute): ", both);
+                  " (reduce first; different reductions do not commute): ", both());
     const bool kept = have && *have == want;
     TESSERA_CHECK(kept || options.allow_partial_destination, ShardingError, "redistribute",
                   "cannot redistribute to Partial (mesh dim ", m, "): a Partial value only arises from an "
-                  "operation; ", both);
+                  "operation; ", both());
   }
   Plan result{src, dst, {}, 0};
   if (src == dst) return result;
@@ -581,7 +582,7 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     if (!at.has_partial() && !(at == exchange_target)) relax(at, score, exchange_step(at, exchange_target, world));
   }
   auto it = reached.find(dst);
-  TESSERA_CHECK(it != reached.end(), ShardingError, "redistribute", "no plan found for ", both,
+  TESSERA_CHECK(it != reached.end(), ShardingError, "redistribute", "no plan found for ", both(),
                 "; Partial values cannot leave their mesh unreduced");
   result.cost = it->second.score;
   result.estimated_us = options.cost.microseconds(result.cost);
