@@ -260,6 +260,24 @@ std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vect
   return factor_proposals(rule, inputs, factor_output_shape(rule, inputs, op));
 }
 
+namespace {
+
+// On a mesh dim of one rank every row holds the same data, so a row costs only the tie-break of
+// the placements it changes there: keep the rows that change fewest inputs (ties among them stay
+// for the search). A 3-d mesh with a unit dim prices a third to a quarter of the strategies.
+void keep_closest_rows(std::vector<ShardingRow>& rows, const std::vector<const Layout*>& inputs, int64_t m) {
+  const auto matches = [&](const ShardingRow& row) {
+    int64_t n = 0;
+    for (size_t i = 0; i < inputs.size(); ++i) n += inputs[i]->placements()[static_cast<size_t>(m)] == row.inputs[i];
+    return n;
+  };
+  int64_t best = 0;
+  for (const ShardingRow& row : rows) best = std::max(best, matches(row));
+  std::erase_if(rows, [&](const ShardingRow& row) { return matches(row) < best; });
+}
+
+}  // namespace
+
 std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vector<const Layout*>& inputs,
                                          const Shape& output_shape) {
   // A row whose inputs are Partial or Replicate (a linearity row), none of the Partial ones
@@ -281,6 +299,7 @@ std::vector<OpProposal> factor_proposals(const FactorRule& rule, const std::vect
       }
       if (!partial || held || sharded) kept.push_back(row);
     }
+    if (inputs.front()->mesh().shape()[m] == 1) keep_closest_rows(kept, inputs, m);
   }
   std::vector<OpProposal> proposals;
   LayoutMemo memo(inputs.size() + 1);
