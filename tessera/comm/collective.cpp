@@ -40,6 +40,20 @@ bool CollectiveCall::matches(const CollectiveCall& other) const {
   return true;
 }
 
+uint64_t CollectiveCall::signature_hash() const {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the compared fields
+  const auto mix = [&h](int64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ static_cast<uint64_t>((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  };
+  mix(static_cast<int64_t>(kind));
+  if (kind == CollectiveKind::barrier || kind == CollectiveKind::split) return h;
+  mix(static_cast<int64_t>(dtype));
+  if (!per_rank_count(kind)) mix(count);
+  if (has_reduce_op(kind)) mix(static_cast<int64_t>(op));
+  if (has_root(kind)) mix(root);
+  return h;
+}
+
 std::string CollectiveCall::to_string() const {
   std::ostringstream out;
   out << name(kind) << '(';

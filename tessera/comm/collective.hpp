@@ -53,6 +53,9 @@ struct CollectiveCall {
 
   /// True when two ranks' calls can meet in one collective.
   bool matches(const CollectiveCall& other) const;
+  /// A hash of exactly what matches() compares: equal for calls that match (the MPI backend
+  /// carries it in its messages' tags, so calls that cannot meet never exchange data).
+  uint64_t signature_hash() const;
   std::string to_string() const;
 };
 

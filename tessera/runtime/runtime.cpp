@@ -114,6 +114,7 @@ void launch(int nranks, std::function<void()> body) {
       try {
         body();
         world[static_cast<size_t>(r)]->synchronize();
+        threads::end_of_program(*world[static_cast<size_t>(r)]);
       } catch (...) {
         const std::exception_ptr error = std::current_exception();
         std::lock_guard lock(mutex);
@@ -139,6 +140,9 @@ int run(int argc, char** argv, std::function<void()> body) {
         ContextScope scope(r, n, world);
         body();
         world->synchronize();
+        // Every rank ends together: a rank still waiting in a call on the world learns within
+        // the desync grace period that this one ended, instead of after the timeout.
+        mpi::end_of_program(*world);
       } catch (const std::exception& e) {
         mpi::abort(1, "rank " + std::to_string(r) + " failed: " + e.what());
       }

@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -48,9 +50,12 @@ class TuningGuard {
 
 // Knobs that force every size-chosen collective onto MPI's own (library) or Tessera's
 // algorithms (ring), with small pipeline chunks so the ring runs many of them.
+// Algorithm::tree: Tessera's own small-message algorithms (library collectives off, the ring
+// never).
 Tuning forcing(Algorithm algorithm, int64_t pipeline_bytes = 40, int64_t max_message = int64_t{1} << 30) {
   Tuning t = mpi::detail::tuning();
-  const int64_t threshold = algorithm == Algorithm::library ? kNever : 1;
+  t.library_collectives = algorithm == Algorithm::library;
+  const int64_t threshold = algorithm == Algorithm::ring ? 1 : kNever;
   t.ring_min_bytes_all_reduce = t.ring_min_bytes_reduce_scatter = threshold;
   t.ring_min_bytes_all_gather = t.ring_min_bytes_all_to_all = threshold;
   t.pipeline_bytes = pipeline_bytes;
@@ -97,6 +102,7 @@ std::vector<std::vector<int64_t>> uneven_counts(int size, int64_t scale) {
 
 TEST(MpiTuning, ChooseAlgorithmTable) {
   Tuning t;
+  t.library_collectives = true;
   t.max_message_elements = 1000;
   t.ring_min_bytes_all_reduce = 100;
   t.ring_min_bytes_reduce_scatter = 200;
@@ -132,6 +138,25 @@ TEST(MpiTuning, ChooseAlgorithmTable) {
   // all_to_all_v: a rank knows only its own counts, so one algorithm for every size.
   EXPECT_EQ(choose(K::all_to_all_v, 1, 1), "pairwise");
   EXPECT_EQ(choose(K::all_to_all_v, 1 << 30, 1 << 30), "pairwise");
+}
+
+// The default: MPI's own collectives are never used (their messages cannot carry the call's
+// signature), except MPI_Comm_split for split.
+TEST(MpiTuning, WithoutLibraryCollectivesEveryCallIsTesserasOwn) {
+  Tuning t;
+  ASSERT_FALSE(t.library_collectives);
+  t.ring_min_bytes_all_reduce = 100;
+  using K = CollectiveKind;
+  const auto choose = [&](K kind, int64_t bytes) { return text(mpi::detail::choose_algorithm(kind, bytes, bytes, 4, t)); };
+  EXPECT_EQ(choose(K::all_reduce, 99), "tree");
+  EXPECT_EQ(choose(K::all_reduce, 100), "ring");
+  for (K kind : {K::reduce_scatter, K::reduce_scatter_v, K::all_gather, K::all_gather_v})
+    for (int64_t bytes : {1, 1 << 30}) EXPECT_EQ(choose(kind, bytes), "ring") << name(kind);
+  for (K kind : {K::all_to_all, K::all_to_all_v, K::gather, K::scatter, K::reduce})
+    for (int64_t bytes : {1, 1 << 30}) EXPECT_EQ(choose(kind, bytes), "pairwise") << name(kind);
+  for (K kind : {K::broadcast, K::barrier}) EXPECT_EQ(choose(kind, 8), "tree") << name(kind);
+  EXPECT_EQ(choose(K::split, 8), "library");
+  EXPECT_EQ(text(mpi::detail::choose_algorithm(K::all_reduce, 8, 8, 1, t)), "local");
 }
 
 TEST(MpiTuning, MeasuredDefaultsAndBadKnobs) {
@@ -185,10 +210,10 @@ void check_all_reduce(const GroupCase& g, DType dtype, ReduceOp op, int64_t coun
                         what));
 }
 
-TEST(MpiBackend, AllReduceRingAndLibraryEveryOpDtypeAndGroup) {
+TEST(MpiBackend, AllReduceRingTreeAndLibraryEveryOpDtypeAndGroup) {
   SKIP_UNLESS_MPI();
   const auto cases = group_cases();
-  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring}) {
+  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring, Algorithm::tree}) {
     TuningGuard tuning(forcing(algorithm));
     for (const GroupCase& g : cases) {
       if (!g.comm) continue;
@@ -364,7 +389,7 @@ TEST(MpiBackend, MessagesSplitAtTheCountLimit) {
   SKIP_UNLESS_MPI();
   const auto cases = group_cases();
   const int me = rank();
-  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring}) {
+  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring, Algorithm::tree}) {
     TuningGuard tuning(forcing(algorithm, /*pipeline_bytes=*/1 << 20, /*max_message=*/7));
     for (const GroupCase& g : cases) {
       if (!g.comm) continue;
@@ -457,10 +482,10 @@ TEST(MpiBackend, MessagesSplitAtTheCountLimit) {
 
 // --- reduction semantics --------------------------------------------------------------------------
 
-TEST(MpiBackend, MaxAndMinPropagateNaNOnBothPaths) {
+TEST(MpiBackend, MaxAndMinPropagateNaNOnEveryPath) {
   SKIP_UNLESS_MPI();
   const int me = rank(), n = world_size();
-  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring}) {
+  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring, Algorithm::tree}) {
     TuningGuard tuning(forcing(algorithm));
     for (DType dtype : {DType::f32, DType::f64, DType::f16, DType::bf16})
       for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) {
@@ -480,7 +505,7 @@ TEST(MpiBackend, MaxAndMinPropagateNaNOnBothPaths) {
 TEST(MpiBackend, HalfPrecisionRoundsOnceOnEveryPath) {
   SKIP_UNLESS_MPI();
   const int me = rank(), n = world_size();
-  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring}) {
+  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring, Algorithm::tree}) {
     TuningGuard tuning(forcing(algorithm));
     for (DType dtype : {DType::bf16, DType::f16}) {
       const double big = dtype == DType::bf16 ? 256 : 2048;
@@ -620,6 +645,64 @@ TEST(MpiBackend, DebugModeNamesBothSignaturesOfADesync) {
     EXPECT_EQ(x, int64_t{n} * (n + 1) / 2);
   }
   world().barrier();
+}
+
+// Without debug mode: calls that cannot meet never exchange data (their tags differ), so the
+// ranks wait; past the grace period they read each other's reports on the side channel and
+// every rank names both calls, long before the timeout. Kind, count, dtype and op each.
+TEST(MpiBackend, ADesyncIsNamedWithinTheGracePeriod) {
+  SKIP_UNLESS_MPI();
+  const int me = rank(), n = world_size();
+  Tuning t = mpi::detail::tuning();
+  t.debug_collectives = false;
+  t.desync_grace_seconds = 0.2;
+  TuningGuard tuning(t);
+  TimeoutGuard timeout(30);
+  const auto odd_one = [&](const std::function<void(Communicator&)>& common,
+                           const std::function<void(Communicator&)>& odd, const std::string& common_text,
+                           const std::string& odd_text) {
+    auto comm = world().split(0, me);  // a fresh group: the failed one is not reused
+    comm->barrier();                   // #0
+    const auto start = std::chrono::steady_clock::now();
+    const std::string error = comm_error_of([&] { me == n - 1 ? odd(*comm) : common(*comm); });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 10.0) << "named by the timeout, not the side channel";
+    // Rank 0 and the odd one know both calls; the others at least the odd one's, or rank 0's failure.
+    const std::string odd_call = odd_text.find(" #1") == std::string::npos ? odd_text + " #1" : odd_text;
+    EXPECT_TRUE(contains(error, "world rank " + std::to_string(n - 1) + " called " + odd_call) ||
+                contains(error, "world rank " + std::to_string(n - 1))) << error;
+    if (me == 0 || me == n - 1) {
+      EXPECT_TRUE(contains(error, "collective mismatch on group[")) << error;
+      EXPECT_TRUE(contains(error, "called " + common_text + " #1")) << error;
+      EXPECT_TRUE(contains(error, "world rank " + std::to_string(n - 1) + " called " + odd_call)) << error;
+    }
+    world().barrier();
+  };
+  const auto all_reduce = [](Communicator& c) {
+    float buf[8] = {};
+    c.all_reduce(buf, 4, DType::f32, ReduceOp::sum);
+  };
+  odd_one(all_reduce, [](Communicator& c) { float s[4] = {}, r[64] = {}; c.all_gather(s, r, 4, DType::f32); },
+          "all_reduce(f32, count=4, op=sum)", "all_gather(f32, count=4)");
+  odd_one(all_reduce, [](Communicator& c) { float b[8] = {}; c.all_reduce(b, 5, DType::f32, ReduceOp::sum); },
+          "all_reduce(f32, count=4, op=sum)", "all_reduce(f32, count=5, op=sum)");
+  odd_one(all_reduce, [](Communicator& c) { int32_t b[8] = {}; c.all_reduce(b, 4, DType::i32, ReduceOp::sum); },
+          "all_reduce(f32, count=4, op=sum)", "all_reduce(i32, count=4, op=sum)");
+  odd_one(all_reduce, [](Communicator& c) { float b[8] = {}; c.all_reduce(b, 4, DType::f32, ReduceOp::max); },
+          "all_reduce(f32, count=4, op=sum)", "all_reduce(f32, count=4, op=max)");
+  // The _v forms' counts join the tag: a rank that disagrees about them waits too.
+  odd_one([](Communicator& c) {
+            std::vector<int64_t> counts(static_cast<size_t>(c.size()), 2);
+            float s[8] = {}, r[64] = {};
+            c.all_gather_v(s, r, counts, DType::f32);
+          },
+          [](Communicator& c) {
+            std::vector<int64_t> counts(static_cast<size_t>(c.size()), 2);
+            counts[0] = 3;
+            float s[8] = {}, r[64] = {};
+            c.all_gather_v(s, r, counts, DType::f32);
+          },
+          "all_gather_v(f32, count=2)", "all_gather_v(f32, count=2) #1 (the ranks pass different counts");
 }
 
 // Knobs as in force but without the debug desync check: the failure tests below clean up by

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -64,6 +65,9 @@ struct Process {
   bool finalized_here = false;
   int tag_ub = 32767;
   std::weak_ptr<Communicator> world;
+  // The end-of-program barrier's own communicator (a duplicate of the world made at init), so
+  // it can never meet a call of the program's.
+  MPI_Comm end_of_program = MPI_COMM_NULL;
   // User ops (MPI_OP_NULL where a builtin op has Tessera's semantics), by dtype and op.
   std::array<std::array<MPI_Op, kNumReduceOps>, kNumDTypes> ops{};
   bool ops_created = false;
@@ -185,10 +189,12 @@ void set_errors_return(MPI_Comm comm) { detail::locked([&] { return MPI_Comm_set
 
 class MpiCommunicator final : public Communicator {
  public:
-  // Takes ownership of comm (collectives and the ring) and p2p (send/recv).
-  MpiCommunicator(MPI_Comm comm, MPI_Comm p2p, int rank, std::vector<int> world_ranks)
+  // Takes ownership of comm (collectives and the ring), p2p (send/recv) and side (the side
+  // channel's reports; MPI_COMM_NULL for a group of one).
+  MpiCommunicator(MPI_Comm comm, MPI_Comm p2p, MPI_Comm side, int rank, std::vector<int> world_ranks)
       : Communicator(rank, std::move(world_ranks)), comm_(comm), p2p_(p2p) {
     group_.description = to_string();
+    group_.side.open(side, this->rank(), size());
   }
 
   ~MpiCommunicator() override {
@@ -200,11 +206,47 @@ class MpiCommunicator final : public Communicator {
       // A timed-out call may have left receives posted into the scratch: let it leak.
       new std::vector<std::byte>(std::move(scratch_));
     }
+    group_.side.close();
     detail::locked([&] { return MPI_Comm_free(&p2p_); });
     detail::locked([&] { return MPI_Comm_free(&comm_); });
   }
 
   std::string_view backend() const override { return "mpi"; }
+
+  // mpi::end_of_program on the world: an Ibarrier on the process's end-of-program communicator,
+  // polled like every wait; past the grace period this rank says on the world's side channel
+  // that it ended, once.
+  void end_of_program(MPI_Comm end) {
+    using Clock = std::chrono::steady_clock;
+    synchronize();
+    MPI_Request request = MPI_REQUEST_NULL;
+    const int rc = detail::locked([&] { return MPI_Ibarrier(end, &request); });
+    if (rc != MPI_SUCCESS) throw CommError("[end_of_program] MPI_Ibarrier failed: " + detail::error_string(rc));
+    const auto start = Clock::now();
+    const double timeout = comm_timeout_seconds();
+    const double grace = std::min(detail::tuning().desync_grace_seconds, timeout / 2);
+    bool told = false;
+    for (;;) {
+      int done = 0;
+      detail::locked([&] { return MPI_Test(&request, &done, MPI_STATUS_IGNORE); });
+      if (done) return;
+      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      if (waited >= grace && !told) group_.side.post(detail::Report::end_of_program()), told = true;
+      if (waited >= timeout) {
+        group_.side.drain();
+        std::vector<int> running;
+        for (int r = 0; r < size(); ++r) {
+          const detail::Report* report = group_.side.latest(r);
+          if (r != rank() && !(report && report->ended)) running.push_back(world_ranks()[static_cast<size_t>(r)]);
+        }
+        throw CommError(concat("[end_of_program] world rank ", world_ranks()[static_cast<size_t>(rank())],
+                               " ended its program, but world ranks ", Shape(std::vector<int64_t>(running.begin(), running.end())).to_string(),
+                               " did not end theirs within ", timeout, " s (a rank still waits in a call, or the",
+                               " ranks made different numbers of calls)"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(waited < 0.02 ? 20 : 500));
+    }
+  }
 
  protected:
   void do_all_reduce(void* buf, int64_t count, DType dtype, ReduceOp op, const CollectiveCall& call) override {
@@ -239,16 +281,20 @@ class MpiCommunicator final : public Communicator {
       detail::ring_all_gather(o, at(buf, first, dtype), buf, counts, dtype, pipeline_for(dtype, t));
       return;
     }
-    const MPI_Datatype type = detail::transfer_type(wire);
-    const MPI_Op mop = reduction(wire, op);
-    for (int64_t offset = 0; offset < count; offset += t.max_message_elements) {
-      const int n = static_cast<int>(std::min(t.max_message_elements, count - offset));
-      MPI_Request request;
-      o.check(detail::locked([&] {
-                return MPI_Iallreduce(MPI_IN_PLACE, at(data, offset, wire), n, type, mop, comm_, &request);
-              }),
-              "MPI_Iallreduce");
-      o.wait(request, detail::library_pending);
+    if (algorithm == Algorithm::tree) {
+      detail::doubling_all_reduce(o, data, count, wire, fold, scratch(count, wire), t.max_message_elements);
+    } else {
+      const MPI_Datatype type = detail::transfer_type(wire);
+      const MPI_Op mop = reduction(wire, op);
+      for (int64_t offset = 0; offset < count; offset += t.max_message_elements) {
+        const int n = static_cast<int>(std::min(t.max_message_elements, count - offset));
+        MPI_Request request;
+        o.check(detail::locked([&] {
+                  return MPI_Iallreduce(MPI_IN_PLACE, at(data, offset, wire), n, type, mop, comm_, &request);
+                }),
+                "MPI_Iallreduce");
+        o.wait(request, detail::library_pending);
+      }
     }
     if (op == ReduceOp::avg) ::tessera::detail::scale_for_avg(data, count, wire, size());
     if (wire != dtype) narrow(wide.data(), buf, count, dtype);
@@ -359,8 +405,10 @@ class MpiCommunicator final : public Communicator {
   void do_broadcast(void* buf, int64_t count, DType dtype, int root, const CollectiveCall& call) override {
     const Tuning t = detail::tuning();
     Op o = begin(call, t);
-    detail::note_algorithm(size() == 1 ? Algorithm::local : Algorithm::library);
-    if (size() == 1) return;
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, count * itemsize(dtype), count, size(), t);
+    detail::note_algorithm(algorithm);
+    if (algorithm == Algorithm::local) return;
+    if (algorithm == Algorithm::tree) return detail::tree_broadcast(o, buf, count, dtype, root, t.max_message_elements);
     const MPI_Datatype type = detail::transfer_type(dtype);
     for (int64_t offset = 0; offset < count; offset += t.max_message_elements) {
       const int n = static_cast<int>(std::min(t.max_message_elements, count - offset));
@@ -375,9 +423,10 @@ class MpiCommunicator final : public Communicator {
                  const CollectiveCall& call) override {
     const Tuning t = detail::tuning();
     Op o = begin(call, t);
-    detail::note_algorithm(size() == 1 ? Algorithm::local : Algorithm::library);
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, count * itemsize(dtype), count, size(), t);
+    detail::note_algorithm(algorithm);
     const bool is_root = rank() == root;
-    if (size() == 1) return copy(recv, send, count, dtype);
+    if (algorithm == Algorithm::local) return copy(recv, send, count, dtype);
     if (count == 0) return;
     const DType wire = staged(dtype, op) ? DType::f32 : dtype;
     std::vector<float> wide_send, wide_recv;
@@ -392,6 +441,29 @@ class MpiCommunicator final : public Communicator {
         out = wide_recv.data();
       }
     }
+    if (algorithm == Algorithm::pairwise) {
+      // Every rank sends its buffer to the root, which folds them in rank order.
+      if (!is_root) return detail::exchange(o, {{root, const_cast<void*>(in), count}}, {}, wire, t.max_message_elements, o.tag());
+      const auto slots = static_cast<std::byte*>(scratch(count * size(), wire));
+      std::vector<detail::Transfer> recvs;
+      for (int p = 0; p < size(); ++p)
+        if (p != root) recvs.push_back({p, at(slots, count * p, wire), count});
+      copy(at(slots, count * root, wire), in, count, wire);
+      detail::exchange(o, {}, recvs, wire, t.max_message_elements, o.tag());
+      const ReduceOp fold = op == ReduceOp::avg ? ReduceOp::sum : op;
+      for (int p = 1; p < size(); ++p) ::tessera::detail::reduce_pair(slots, at(slots, count * p, wire), count, wire, fold);
+      copy(out, slots, count, wire);
+    } else {
+      reduce_with_library(o, in, out, count, wire, op, root, t);
+    }
+    if (!is_root) return;
+    if (op == ReduceOp::avg) ::tessera::detail::scale_for_avg(out, count, wire, size());
+    if (wire != dtype) narrow(wide_recv.data(), recv, count, dtype);
+  }
+
+  void reduce_with_library(Op& o, const void* in, void* out, int64_t count, DType wire, ReduceOp op, int root,
+                           const Tuning& t) {
+    const bool is_root = rank() == root;
     const MPI_Datatype type = detail::transfer_type(wire);
     const MPI_Op mop = reduction(wire, op);
     const bool in_place = is_root && in == out;
@@ -403,9 +475,6 @@ class MpiCommunicator final : public Communicator {
       o.check(detail::locked([&] { return MPI_Ireduce(s, r, n, type, mop, root, comm_, &request); }), "MPI_Ireduce");
       o.wait(request, detail::library_pending);
     }
-    if (!is_root) return;
-    if (op == ReduceOp::avg) ::tessera::detail::scale_for_avg(out, count, wire, size());
-    if (wire != dtype) narrow(wide_recv.data(), recv, count, dtype);
   }
 
   void do_gather(const void* send, void* recv, int64_t count, DType dtype, int root,
@@ -475,8 +544,10 @@ class MpiCommunicator final : public Communicator {
   void do_barrier(const CollectiveCall& call) override {
     const Tuning t = detail::tuning();
     Op o = begin(call, t);
-    detail::note_algorithm(size() == 1 ? Algorithm::local : Algorithm::library);
-    if (size() == 1) return;
+    const Algorithm algorithm = detail::choose_algorithm(call.kind, 0, 0, size(), t);
+    detail::note_algorithm(algorithm);
+    if (algorithm == Algorithm::local) return;
+    if (algorithm == Algorithm::tree) return detail::dissemination_barrier(o);
     MPI_Request request;
     o.check(detail::locked([&] { return MPI_Ibarrier(comm_, &request); }), "MPI_Ibarrier");
     o.wait(request, detail::library_pending);
@@ -571,7 +642,11 @@ class MpiCommunicator final : public Communicator {
   Op begin(const CollectiveCall& call, const Tuning& t, const std::vector<int64_t>* counts = nullptr,
            const std::vector<int64_t>* recv_counts = nullptr) {
     group_.check_usable(call);
-    Op o(comm_, rank(), world_ranks(), call, group_);
+    // Every rank passes the same counts to all_gather_v / reduce_scatter_v: they join the tag.
+    uint64_t counts_hash = 0;
+    if (counts && !recv_counts)
+      for (int64_t c : *counts) counts_hash = (counts_hash ^ static_cast<uint64_t>(c)) * 1099511628211ull + 1;
+    Op o(comm_, rank(), world_ranks(), call, group_, counts_hash);
     if (t.debug_collectives && size() > 1) check_signatures(o, counts, recv_counts);
     return o;
   }
@@ -647,7 +722,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   [[noreturn]] void fail_exactly(const Op& o, const std::string& reason) {
-    group_.fail(reason);
+    group_.fail(reason, o.call());
     throw CommError(concat("[", name(o.call().kind), "] ", reason));
   }
 
@@ -695,21 +770,28 @@ class MpiCommunicator final : public Communicator {
 // waited for with the timeout of the call that creates it.
 std::shared_ptr<Communicator> make_world_communicator(MPI_Comm comm, int rank, std::vector<int> world) {
   set_errors_return(comm);
-  MPI_Comm p2p = MPI_COMM_NULL;
-  const int rc = detail::locked([&] { return MPI_Comm_dup(comm, &p2p); });
-  if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Comm_dup failed: " + detail::error_string(rc));
-  set_errors_return(p2p);
-  return std::make_shared<MpiCommunicator>(comm, p2p, rank, std::move(world));
+  MPI_Comm twins[2] = {MPI_COMM_NULL, MPI_COMM_NULL};  // send/recv, side channel
+  for (MPI_Comm& twin : twins) {
+    const int rc = detail::locked([&] { return MPI_Comm_dup(comm, &twin); });
+    if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Comm_dup failed: " + detail::error_string(rc));
+    set_errors_return(twin);
+  }
+  const bool alone = world.size() == 1;
+  if (alone) MPI_Comm_free(&twins[1]);
+  return std::make_shared<MpiCommunicator>(comm, twins[0], alone ? MPI_COMM_NULL : twins[1], rank, std::move(world));
 }
 
 std::shared_ptr<Communicator> MpiCommunicator::make_communicator(Op& o, MPI_Comm comm, int rank, std::vector<int> world) {
   set_errors_return(comm);
-  MPI_Comm p2p = MPI_COMM_NULL;
-  MPI_Request request;
-  o.check(detail::locked([&] { return MPI_Comm_idup(comm, &p2p, &request); }), "MPI_Comm_idup");
-  o.wait(request, detail::library_pending);
-  set_errors_return(p2p);
-  return std::make_shared<MpiCommunicator>(comm, p2p, rank, std::move(world));
+  MPI_Comm twins[2] = {MPI_COMM_NULL, MPI_COMM_NULL};  // send/recv, side channel (none for one rank)
+  const int count = world.size() == 1 ? 1 : 2;
+  for (int i = 0; i < count; ++i) {
+    MPI_Request request;
+    o.check(detail::locked([&] { return MPI_Comm_idup(comm, &twins[i], &request); }), "MPI_Comm_idup");
+    o.wait(request, detail::library_pending);
+    set_errors_return(twins[i]);
+  }
+  return std::make_shared<MpiCommunicator>(comm, twins[0], twins[1], rank, std::move(world));
 }
 
 const char* thread_level_name(int level) {
@@ -774,6 +856,11 @@ std::shared_ptr<Communicator> init(int* argc, char*** argv) {
   int found = 0;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
   if (found && tag_ub) p.tag_ub = *tag_ub;
+  detail::tag_upper_bound.store(p.tag_ub);
+  // Errors raised on the world's own handles (OpenMPI reports some request errors there)
+  // come back as codes too, so they become CommErrors instead of ending the process.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
 
   // More ranks on this node than cores: waits yield at once instead of spinning first.
   MPI_Comm node = MPI_COMM_NULL;
@@ -786,8 +873,10 @@ std::shared_ptr<Communicator> init(int* argc, char*** argv) {
   detail::oversubscribed.store(cores > 0 && static_cast<unsigned>(local_ranks) > cores);
 
   MPI_Comm comm = MPI_COMM_NULL;
-  const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (rc == MPI_SUCCESS && p.end_of_program == MPI_COMM_NULL) rc = MPI_Comm_dup(MPI_COMM_WORLD, &p.end_of_program);
   if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Comm_dup failed: " + detail::error_string(rc));
+  set_errors_return(p.end_of_program);
   int rank = 0, size = 0;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -796,6 +885,17 @@ std::shared_ptr<Communicator> init(int* argc, char*** argv) {
   auto communicator = make_world_communicator(comm, rank, std::move(world));
   p.world = communicator;
   return communicator;
+}
+
+void end_of_program(Communicator& world) {
+  auto* mpi_world = dynamic_cast<MpiCommunicator*>(&world);
+  if (!mpi_world || world.size() == 1) return;
+  MPI_Comm end = MPI_COMM_NULL;
+  {
+    std::lock_guard lock(process().mutex);
+    end = process().end_of_program;
+  }
+  if (end != MPI_COMM_NULL) mpi_world->end_of_program(end);
 }
 
 void finalize() {
@@ -810,6 +910,7 @@ void finalize() {
     for (MPI_Op& op : row)
       if (op != MPI_OP_NULL) MPI_Op_free(&op);
   p.ops_created = false;
+  if (p.end_of_program != MPI_COMM_NULL) MPI_Comm_free(&p.end_of_program);
   MPI_Finalize();
 }
 

@@ -17,6 +17,11 @@ bool launched_by_mpirun();
 /// Initialises MPI once (thread level MPI_THREAD_SERIALIZED or better) and returns this
 /// process's world communicator. Throws CommError if MPI is unavailable or fails.
 std::shared_ptr<Communicator> init(int* argc, char*** argv);
+/// The end of a rank's program, before finalize(): waits until every rank of the world ended
+/// its program. Past the desync grace period it tells the world's other ranks that this one
+/// ended, so a rank still waiting in a call on the world fails at once naming it (instead of
+/// waiting for the timeout). Throws CommError if the others do not end within the timeout.
+void end_of_program(Communicator& world);
 /// Finalises MPI if init() initialised it. Idempotent.
 void finalize();
 /// Ends every process of the job (MPI_Abort) after printing reason: a failed rank cannot

@@ -46,9 +46,13 @@ constexpr int64_t kPushChunkBytes = 16 * 1024;
 
 // Shared by every group of one launch: the failure flag that unblocks everyone.
 struct World {
+  explicit World(int nranks) : ended(static_cast<size_t>(nranks)) {}
+
   std::atomic<bool> aborted{false};
   std::mutex mutex;
   std::string reason;
+  // Per world rank: its program ended (end_of_program), so a call waiting for it fails at once.
+  std::vector<std::atomic<bool>> ended;
 
   void abort(const std::string& why) {
     std::lock_guard lock(mutex);
@@ -170,11 +174,21 @@ class Group {
       const bool failed =
           interruptible && (world_->aborted.load(std::memory_order_acquire) || broken_.load(std::memory_order_acquire));
       const bool late = Clock::now() >= deadline;
-      if ((failed || late) && (!interruptible || retract_arrival())) {
+      const int gone = interruptible ? ended_peer(mine) : -1;
+      if ((failed || late || gone >= 0) && (!interruptible || retract_arrival())) {
         if (failed) {
           lock.unlock();
           check_usable(call);  // throws
           lock.lock();
+        }
+        if (gone >= 0) {
+          const std::string reason =
+              detail::concat("world rank ", gone, " ended its program while world rank ",
+                             world_ranks_[static_cast<size_t>(rank)], " waits in ", call.to_string(), " #",
+                             call.sequence, " on ", describe());
+          lock.unlock();
+          fail(reason);
+          throw CommError(detail::concat("[", name(call.kind), "] ", reason));
         }
         std::ostringstream missing;
         int n = 0;
@@ -260,6 +274,18 @@ class Group {
   }
 
  private:
+  // The world rank of a peer that has not arrived at this rendezvous (its arrivals < mine) and
+  // whose program ended, or -1.
+  int ended_peer(uint64_t mine) const {
+    for (int r = 0; r < size_; ++r) {
+      const int w = world_ranks_[static_cast<size_t>(r)];
+      if (arrivals_[static_cast<size_t>(r)].load(std::memory_order_acquire) < mine &&
+          world_->ended[static_cast<size_t>(w)].load(std::memory_order_acquire))
+        return w;
+    }
+    return -1;
+  }
+
   // Takes back one arrival of the current rendezvous unless it already completed (the count
   // reached size_, or was reset to 0, and the last rank is about to signal). Called with
   // mutex_ held, so the completion cannot be signalled meanwhile.
@@ -535,10 +561,18 @@ std::vector<std::shared_ptr<Communicator>> make_world(int nranks) {
   TESSERA_CHECK(nranks >= 1, ValueError, "threads::make_world", "need at least 1 rank, got ", nranks);
   std::vector<int> ranks(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) ranks[static_cast<size_t>(r)] = r;
-  auto group = std::make_shared<Group>(std::make_shared<World>(), ranks);
+  auto group = std::make_shared<Group>(std::make_shared<World>(nranks), ranks);
   std::vector<std::shared_ptr<Communicator>> world;
   for (int r = 0; r < nranks; ++r) world.push_back(std::make_shared<ThreadCommunicator>(group, r));
   return world;
+}
+
+void end_of_program(const Communicator& world_comm) {
+  const auto* threads = dynamic_cast<const ThreadCommunicator*>(&world_comm);
+  TESSERA_CHECK(threads != nullptr, ValueError, "threads::end_of_program", world_comm.to_string(),
+                " is not a threads-backend communicator");
+  threads->world().ended[static_cast<size_t>(world_comm.world_ranks()[static_cast<size_t>(world_comm.rank())])].store(
+      true, std::memory_order_release);
 }
 
 void abort_world(const Communicator& comm, const std::string& reason) {

@@ -19,6 +19,10 @@ bool is_available();
 /// be used only by that rank's thread (and its async calls). Throws ValueError if nranks < 1.
 std::vector<std::shared_ptr<Communicator>> make_world(int nranks);
 
+/// The end of a rank's program (launch calls it): a call still waiting for this rank fails at
+/// once naming it, instead of waiting for the timeout.
+void end_of_program(const Communicator& world_comm);
+
 /// Fails the world that `comm` belongs to: every blocked or later call on any of its groups
 /// throws CommError naming `reason`. The first reason is kept.
 void abort_world(const Communicator& comm, const std::string& reason);

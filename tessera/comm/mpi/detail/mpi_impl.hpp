@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,6 +29,8 @@ namespace tessera::mpi::detail {
 extern std::atomic<bool> serialize_calls;
 /// True when this node runs more ranks than it has cores: waits then yield at once.
 extern std::atomic<bool> oversubscribed;
+/// MPI_TAG_UB of this MPI (at least 32767; OpenMPI's is 2^31 - 1).
+extern std::atomic<int> tag_upper_bound;
 std::mutex& call_mutex();
 
 /// Runs f (one MPI call, returning its error code) under the process lock if needed.
@@ -44,15 +47,62 @@ MPI_Datatype transfer_type(DType dtype);
 /// "MPI_ERR_TRUNCATE: message truncated".
 std::string error_string(int code);
 
+/// What a rank says on its group's side channel (fixed size, sent as bytes).
+struct Report {
+  int64_t failed = 0;  ///< 1: this rank's call on the group failed (reason); 0: it waits in the call
+  int64_t ended = 0;   ///< 1: this rank ended its program (sent on the world's channel only)
+  int64_t p2p = 0;     ///< the call is a send/recv (their sequence numbers are counted apart)
+  int64_t kind = 0, dtype = 0, count = 0, op = 0, root = 0, sequence = 0;
+  uint64_t counts_hash = 0;  ///< the _v forms' counts (Op's counts_hash)
+  char reason[440] = {};
+
+  static Report waiting(const CollectiveCall& call, uint64_t counts_hash = 0);
+  static Report failure(const CollectiveCall& call, const std::string& why);
+  static Report end_of_program();
+  CollectiveCall call() const;
+};
+
+/// A group's side channel: a duplicate of its communicator that carries only Reports, sent when
+/// a wait passes the grace period (the call this rank waits in) or when a call fails (why). The
+/// normal path sends and tests nothing. Waiting ranks read the reports to name a desync (two
+/// calls of one sequence number that cannot meet), a failed peer, or the ranks that never came.
+class SideChannel {
+ public:
+  /// Takes ownership of comm (MPI_COMM_NULL for a group of one: nothing to say).
+  void open(MPI_Comm comm, int rank, int size);
+  /// Frees the communicator; reports still in flight are let go (their buffers leak).
+  void close();
+  bool is_open() const { return comm_ != MPI_COMM_NULL; }
+  /// Sends the report to every other rank of the group. Never blocks.
+  void post(const Report& report);
+  /// Takes in every report that has arrived. Never blocks.
+  void drain();
+  /// The latest report of a group rank (a failure sticks), or nullptr if none came.
+  const Report* latest(int group_rank) const;
+
+ private:
+  struct InFlight {
+    std::unique_ptr<Report> report;
+    std::vector<MPI_Request> requests;
+  };
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  std::vector<std::unique_ptr<Report>> latest_;
+  std::vector<InFlight> in_flight_;
+  mutable std::mutex mutex_;
+};
+
 /// Shared state of one communicator's group: failed groups are not reused.
 struct GroupState {
   std::string description;  // "group[0, 1] (mpi)"
   std::atomic<bool> broken{false};
   std::mutex mutex;
   std::string reason;
+  SideChannel side;
 
-  /// Marks the group failed (the first reason wins).
-  void fail(const std::string& why);
+  /// Marks the group failed (the first reason wins) and, the first time, tells the other ranks
+  /// on the side channel (unless the failure was told by one of them).
+  void fail(const std::string& why, const CollectiveCall& call, bool tell_peers = true);
   /// Throws CommError if the group failed earlier.
   void check_usable(const CollectiveCall& call);
 };
@@ -76,16 +126,21 @@ class PendingText {
 /// One call in progress on one MPI communicator: polling with the timeout, error checks, tags.
 class Op {
  public:
-  /// world_ranks and group must outlive the Op.
-  Op(MPI_Comm comm, int rank, const std::vector<int>& world_ranks, const CollectiveCall& call, GroupState& group);
+  /// world_ranks and group must outlive the Op. `counts_hash` joins the call's signature in the
+  /// tag (the _v forms' counts, which every rank passes alike).
+  Op(MPI_Comm comm, int rank, const std::vector<int>& world_ranks, const CollectiveCall& call, GroupState& group,
+     uint64_t counts_hash = 0);
 
   MPI_Comm comm() const { return comm_; }
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(world_ranks_.size()); }
   const CollectiveCall& call() const { return call_; }
-  /// Tag of this call's point-to-point messages: distinct between consecutive collectives, so
-  /// a desynchronised group times out instead of matching messages of different calls.
-  int tag() const { return static_cast<int>(call_.sequence % 32768); }
+  /// Tag of this call's point-to-point messages: the sequence number's low 12 bits and, above
+  /// them, 18 bits of the call's signature hash. Calls that cannot meet (another kind, dtype,
+  /// count, op, root or _v counts) or other calls of the group never match each other's
+  /// messages: a mismatched rank waits instead of taking wrong data, and the side channel names
+  /// the mismatch. (With an MPI whose tags stop below 2^30: the sequence number only.)
+  int tag() const { return tag_; }
   /// World rank of a group rank, for messages.
   int world_rank(int group_rank) const { return world_ranks_[static_cast<size_t>(group_rank)]; }
 
@@ -94,7 +149,9 @@ class Op {
   /// Polls until every request completed (completed ones become MPI_REQUEST_NULL). If none
   /// completes for comm_timeout_seconds(), fails the group and throws CommError naming the
   /// call, its sequence number, the group and pending(indices of the unfinished requests).
-  void wait(MPI_Request* requests, int n, PendingText pending);
+  /// With `statuses` (n of them), each completed request's status lands at its index, and a
+  /// receive that MPI truncated fails the call naming the sender.
+  void wait(MPI_Request* requests, int n, PendingText pending, MPI_Status* statuses = nullptr);
   void wait(MPI_Request& request, PendingText pending) { wait(&request, 1, pending); }
   /// True if the request completed (it then becomes MPI_REQUEST_NULL). Never blocks.
   bool test(MPI_Request& request);
@@ -106,16 +163,27 @@ class Op {
   void irecv(void* buf, int64_t count, MPI_Datatype type, int peer, int tag, MPI_Request& request);
 
  private:
+  bool is_p2p() const { return call_.kind == CollectiveKind::send || call_.kind == CollectiveKind::recv; }
+  /// Fails the call: the receive of `status` was truncated (its sender sent more).
+  [[noreturn]] void truncated(const MPI_Status& status) const;
+  /// Reads the side channel; throws CommError if a peer waits in a call of this sequence number
+  /// that cannot meet this one, or if a peer's call on the group failed.
+  void diagnose();
+  /// For a timeout: which ranks the side channel heard waiting in this call, and which not.
+  std::string arrivals();
+
   MPI_Comm comm_;
   int rank_;
   const std::vector<int>& world_ranks_;
   CollectiveCall call_;
   GroupState& group_;
+  uint64_t counts_hash_;
+  int tag_;
+  bool reported_ = false;  // this call's waiting report went out
 };
 
-/// The pending text of MPI's own collectives, which do not say which ranks are missing.
-inline constexpr auto library_pending = [](const std::vector<int>&) {
-  return std::string("ranks of the group did not arrive (MPI's collectives do not say which)");
-};
+/// The pending text of MPI's own collectives, which do not say which ranks are missing: the
+/// side channel's reports say it instead (Op::wait asks them when the text is empty).
+inline constexpr auto library_pending = [](const std::vector<int>&) { return std::string(); };
 
 }  // namespace tessera::mpi::detail

@@ -209,7 +209,7 @@ void ring_all_gather(Op& op, const void* own, void* output, const std::vector<in
 }
 
 void exchange(Op& op, const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs, DType dtype,
-              int64_t max_message, int tag) {
+              int64_t max_message, int tag, bool name_peers) {
   const int64_t item = itemsize(dtype);
   const MPI_Datatype type = transfer_type(dtype);
   std::vector<MPI_Request> requests;
@@ -228,7 +228,9 @@ void exchange(Op& op, const std::vector<Transfer>& sends, const std::vector<Tran
       op.isend(static_cast<const std::byte*>(t.data) + offset * item, std::min(max_message, t.count - offset), type,
                t.peer, tag, requests.back());
     }
+  std::vector<MPI_Status> statuses(requests.size());
   op.wait(requests.data(), static_cast<int>(requests.size()), [&](const std::vector<int>& unfinished) {
+    if (!name_peers) return std::string();
     std::vector<int> silent, deaf;
     for (int i : unfinished) {
       const auto [peer, receive] = owner[static_cast<size_t>(i)];
@@ -251,7 +253,108 @@ void exchange(Op& op, const std::vector<Transfer>& sends, const std::vector<Tran
       text << " did not take their data";
     }
     return text.str();
-  });
+  }, statuses.data());
+  // A sender that sent less than this rank expects (more would have been truncated above):
+  // the ranks disagree on the counts (all_to_all_v's are per rank, so not in the tag).
+  size_t i = 0;
+  for (const Transfer& t : recvs)
+    for (int64_t offset = 0; offset < t.count; offset += max_message, ++i) {
+      int received = 0;
+      MPI_Get_count(&statuses[i], type, &received);
+      const int64_t expected = std::min(max_message, t.count - offset);
+      if (received != expected)
+        op.fail(tessera::detail::concat("counts disagree: world rank ", op.world_rank(t.peer), " sent ",
+                                        offset + received, " elements to world rank ", op.world_rank(op.rank()),
+                                        ", which expects ", t.count));
+    }
+}
+
+// --- log-depth algorithms for small messages ---------------------------------------------------------
+
+namespace {
+
+// Sends `send` to `to` and receives into `recv` from `from` (either may be -1: none).
+void swap_with(Op& op, int to, const void* send, int from, void* recv, int64_t count, DType dtype,
+               int64_t max_message) {
+  std::vector<Transfer> sends, recvs;
+  if (to >= 0) sends.push_back({to, const_cast<void*>(send), count});
+  if (from >= 0) recvs.push_back({from, recv, count});
+  exchange(op, sends, recvs, dtype, max_message, op.tag(), /*name_peers=*/false);
+}
+
+}  // namespace
+
+void doubling_all_reduce(Op& op, void* data, int64_t count, DType dtype, ReduceOp reduce_op, void* scratch,
+                         int64_t max_message) {
+  const int n = op.size(), r = op.rank();
+  if (n == 1 || count == 0) return;
+  const auto bytes = static_cast<size_t>(count * itemsize(dtype));
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  const int extra = n - p;  // ranks [0, 2 extra) pair up first: the odd one of each pair goes on
+  // data := lower ⊕ higher, whichever of (data, scratch) is the lower rank's.
+  const auto combine = [&](bool mine_is_lower) {
+    if (mine_is_lower) {
+      ::tessera::detail::reduce_pair(data, scratch, count, dtype, reduce_op);
+    } else {
+      ::tessera::detail::reduce_pair(scratch, data, count, dtype, reduce_op);
+      std::memcpy(data, scratch, bytes);
+    }
+  };
+  int folded = -1;  // this rank's new rank among the p that go on, or -1
+  if (r < 2 * extra) {
+    if (r % 2 == 0) {
+      swap_with(op, r + 1, data, -1, nullptr, count, dtype, max_message);
+    } else {
+      swap_with(op, -1, nullptr, r - 1, scratch, count, dtype, max_message);
+      combine(false);
+      folded = r / 2;
+    }
+  } else {
+    folded = r - extra;
+  }
+  const auto actual = [&](int f) { return f < extra ? 2 * f + 1 : f + extra; };
+  if (folded >= 0) {
+    for (int mask = 1; mask < p; mask *= 2) {
+      const int partner = folded ^ mask;
+      swap_with(op, actual(partner), data, actual(partner), scratch, count, dtype, max_message);
+      combine(folded < partner);
+    }
+  }
+  if (r < 2 * extra) {
+    if (r % 2 == 1) swap_with(op, r - 1, data, -1, nullptr, count, dtype, max_message);
+    else swap_with(op, -1, nullptr, r + 1, data, count, dtype, max_message);
+  }
+}
+
+void tree_broadcast(Op& op, void* data, int64_t count, DType dtype, int root, int64_t max_message) {
+  const int n = op.size();
+  if (n == 1 || count == 0) return;
+  const int relative = (op.rank() - root + n) % n;
+  int mask = 1;
+  while (mask < n) {
+    if (relative & mask) {
+      exchange(op, {}, {{(relative - mask + root) % n, data, count}}, dtype, max_message, op.tag());
+      break;
+    }
+    mask *= 2;
+  }
+  std::vector<Transfer> children;
+  for (mask /= 2; mask > 0; mask /= 2)
+    if (relative + mask < n) children.push_back({(relative + mask + root) % n, data, count});
+  if (!children.empty()) exchange(op, children, {}, dtype, max_message, op.tag());
+}
+
+void dissemination_barrier(Op& op) {
+  const int n = op.size(), r = op.rank();
+  for (int k = 1; k < n; k *= 2) {
+    static char token = 0;  // some MPIs reject a null buffer even for no elements
+    MPI_Request requests[2];
+    op.irecv(&token, 0, MPI_BYTE, (r - k + n) % n, op.tag(), requests[0]);
+    op.isend(&token, 0, MPI_BYTE, (r + k) % n, op.tag(), requests[1]);
+    // The peer of a round may itself wait for another: the side channel names who never came.
+    op.wait(requests, 2, [](const std::vector<int>&) { return std::string(); });
+  }
 }
 
 }  // namespace tessera::mpi::detail

@@ -34,6 +34,19 @@ void ring_reduce_scatter(Op& op, void* input, void* output, const std::vector<in
 void ring_all_gather(Op& op, const void* own, void* output, const std::vector<int64_t>& counts, DType dtype,
                      const Pipeline& pipeline);
 
+/// Recursive-doubling all-reduce (the small-message path): ceil(log2 n) exchanges of the whole
+/// buffer, two more when n is not a power of two. Every combination takes the lower rank's
+/// operand first on both partners, so every rank ends with the same bits. `scratch` holds
+/// `count` elements.
+void doubling_all_reduce(Op& op, void* data, int64_t count, DType dtype, ReduceOp reduce_op, void* scratch,
+                         int64_t max_message);
+
+/// Binomial-tree broadcast of `count` elements from `root`: ceil(log2 n) rounds.
+void tree_broadcast(Op& op, void* data, int64_t count, DType dtype, int root, int64_t max_message);
+
+/// Dissemination barrier: ceil(log2 n) rounds of empty messages.
+void dissemination_barrier(Op& op);
+
 /// One message of a pairwise exchange.
 struct Transfer {
   int peer;
@@ -41,8 +54,11 @@ struct Transfer {
   int64_t count;
 };
 /// Posts every send and receive at once (each split into pieces of at most max_message
-/// elements) and waits for all; names the peers that did not deliver on timeout.
+/// elements) and waits for all; on timeout names the peers that did not deliver, or, with
+/// name_peers false (a step of a multi-round algorithm, whose peer may be waiting itself), lets
+/// the side channel name the ranks that never came. A receive that brought fewer or more
+/// elements than expected fails the call ("counts disagree").
 void exchange(Op& op, const std::vector<Transfer>& sends, const std::vector<Transfer>& recvs, DType dtype,
-              int64_t max_message, int tag);
+              int64_t max_message, int tag, bool name_peers = true);
 
 }  // namespace tessera::mpi::detail

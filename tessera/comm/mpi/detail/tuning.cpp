@@ -59,6 +59,16 @@ int64_t env_bytes(const char* variable, int64_t fallback) {
   return value;
 }
 
+double env_seconds(const char* variable, double fallback) {
+  const char* text = std::getenv(variable);
+  if (!text || !*text) return fallback;
+  char* end = nullptr;
+  const double value = std::strtod(text, &end);
+  TESSERA_CHECK(end && *end == '\0' && value > 0, ValueError, "mpi", variable, "='", text,
+                "' is not a positive number of seconds");
+  return value;
+}
+
 bool env_flag(const char* variable) {
   const char* text = std::getenv(variable);
   return text && *text && std::string(text) != "0";
@@ -76,6 +86,8 @@ std::string_view name(Algorithm algorithm) {
       return "ring";
     case Algorithm::pairwise:
       return "pairwise";
+    case Algorithm::tree:
+      return "tree";
   }
   return "?";
 }
@@ -93,6 +105,8 @@ Tuning default_tuning() {
   t.ring_min_bytes_all_gather = pick("TESSERA_MPI_RING_MIN_BYTES_ALL_GATHER", kRingMinBytesAllGather);
   t.ring_min_bytes_all_to_all = pick("TESSERA_MPI_RING_MIN_BYTES_ALL_TO_ALL", kRingMinBytesAllToAll);
   t.debug_collectives = env_flag("TESSERA_DEBUG_COLLECTIVES");
+  t.library_collectives = env_flag("TESSERA_MPI_LIBRARY_COLLECTIVES");
+  t.desync_grace_seconds = env_seconds("TESSERA_DESYNC_GRACE_S", t.desync_grace_seconds);
   return t;
 }
 
@@ -106,6 +120,8 @@ void set_tuning(const Tuning& tuning) {
                 "mpi::set_tuning", "max_message_elements ", tuning.max_message_elements, " out of range; expected [1, 2^30]");
   TESSERA_CHECK(tuning.pipeline_bytes > 0, ValueError, "mpi::set_tuning", "pipeline_bytes ", tuning.pipeline_bytes,
                 " must be positive");
+  TESSERA_CHECK(tuning.desync_grace_seconds > 0, ValueError, "mpi::set_tuning", "desync_grace_seconds ",
+                tuning.desync_grace_seconds, " must be positive");
   std::lock_guard lock(tuning_mutex());
   current() = tuning;
 }
@@ -113,6 +129,24 @@ void set_tuning(const Tuning& tuning) {
 Algorithm choose_algorithm(CollectiveKind kind, int64_t bytes, int64_t library_elements, int group_size,
                            const Tuning& t) {
   if (group_size <= 1) return Algorithm::local;
+  if (!t.library_collectives) {  // Tessera's own algorithms only: every message carries the signature
+    switch (kind) {
+      case CollectiveKind::all_reduce:
+        return bytes >= t.ring_min_bytes_all_reduce ? Algorithm::ring : Algorithm::tree;
+      case CollectiveKind::reduce_scatter:
+      case CollectiveKind::reduce_scatter_v:
+      case CollectiveKind::all_gather:
+      case CollectiveKind::all_gather_v:
+        return Algorithm::ring;
+      case CollectiveKind::broadcast:
+      case CollectiveKind::barrier:
+        return Algorithm::tree;
+      case CollectiveKind::split:  // MPI_Comm_split itself: only the (color, key) table moves first
+        return Algorithm::library;
+      default:  // all_to_all(_v), gather, scatter, reduce, send, recv
+        return Algorithm::pairwise;
+    }
+  }
   const bool fits = library_elements <= t.max_message_elements;  // MPI's int counts and displacements
   switch (kind) {
     case CollectiveKind::all_reduce:  // the library path splits the buffer, so it always fits

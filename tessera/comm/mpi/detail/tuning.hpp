@@ -16,7 +16,9 @@ enum class Algorithm : uint8_t {
   local,     ///< group of one: nothing moves between ranks
   library,   ///< MPI's own (non-blocking) collective
   ring,      ///< Tessera's pipelined ring over point-to-point (reduce-scatter, all-gather)
-  pairwise,  ///< Tessera's direct point-to-point exchange (all_to_all_v, large gather/scatter)
+  pairwise,  ///< Tessera's direct point-to-point exchange (all_to_all_v, gather/scatter, reduce)
+  tree,      ///< Tessera's log-depth point-to-point algorithm (recursive-doubling all_reduce,
+             ///< binomial broadcast, dissemination barrier): small messages
 };
 
 /// "local", "library", "ring", "pairwise".
@@ -39,9 +41,19 @@ struct Tuning {
   int64_t ring_min_bytes_reduce_scatter = 0;
   int64_t ring_min_bytes_all_gather = 0;
   int64_t ring_min_bytes_all_to_all = 0;
+  /// Use MPI's own collectives where they are faster (the thresholds above; topology-aware
+  /// or offloaded collectives on a cluster). Off by default: MPI's collectives match calls by
+  /// order alone, so a rank calling another kind, dtype, count or op can complete with wrong
+  /// data; Tessera's own algorithms carry the call's signature in every message's tag, so such
+  /// a rank waits and the side channel names the mismatch. TESSERA_MPI_LIBRARY_COLLECTIVES=1.
+  bool library_collectives = false;
   /// One extra small collective per call compares every rank's signature (desync detection).
   /// TESSERA_DEBUG_COLLECTIVES=1.
   bool debug_collectives = false;
+  /// Seconds a wait may see no progress before this rank reports the call it waits in on the
+  /// group's side channel and reads the others' reports (desync diagnosis; at most half the
+  /// timeout). TESSERA_DESYNC_GRACE_S.
+  double desync_grace_seconds = 1.0;
 };
 
 /// The defaults (measured, see tuning.cpp) with the environment's overrides applied.
