@@ -1,5 +1,7 @@
 #include <tessera/runtime/runtime.hpp>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -22,6 +24,7 @@ struct RankContext {
   int rank = -1;
   int world_size = 0;
   std::shared_ptr<Communicator> world;
+  std::shared_ptr<const HostTopology> hosts;
 };
 
 thread_local RankContext context;
@@ -29,7 +32,9 @@ thread_local RankContext context;
 // Sets this thread's rank context for the lifetime of the scope.
 class ContextScope {
  public:
-  ContextScope(int rank, int size, std::shared_ptr<Communicator> world) { context = {rank, size, std::move(world)}; }
+  ContextScope(int rank, int size, std::shared_ptr<Communicator> world, std::shared_ptr<const HostTopology> hosts) {
+    context = {rank, size, std::move(world), std::move(hosts)};
+  }
   ~ContextScope() { context = {}; }
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
@@ -102,6 +107,11 @@ void launch(int nranks, std::function<void()> body) {
   TESSERA_CHECK(nranks >= 1, ValueError, "launch", "the number of ranks must be at least 1, got ", nranks);
   TESSERA_CHECK(!in_rank(), ValueError, "launch", "called from inside rank ", context.rank,
                 "; nested launches are not supported");
+  // One real host (this machine), unless TESSERA_HOSTS simulates several.
+  char name[256] = "localhost";
+  gethostname(name, sizeof(name) - 1);
+  const auto hosts = std::make_shared<const HostTopology>(HostTopology::from_environment(
+      nranks, HostTopology(std::vector<int>(static_cast<size_t>(nranks), 0), {name}, /*simulated=*/false)));
   const auto world = threads::make_world(nranks);
   std::mutex mutex;
   std::exception_ptr first_error;  // the first failure that is not a consequence of another
@@ -110,7 +120,7 @@ void launch(int nranks, std::function<void()> body) {
   threads.reserve(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) {
     threads.emplace_back([&, r] {
-      ContextScope scope(r, nranks, world[static_cast<size_t>(r)]);
+      ContextScope scope(r, nranks, world[static_cast<size_t>(r)], hosts);
       try {
         body();
         world[static_cast<size_t>(r)]->synchronize();
@@ -137,7 +147,7 @@ int run(int argc, char** argv, std::function<void()> body) {
       auto world = mpi::init(&argc, &argv);
       const int r = world->rank(), n = world->size();
       try {
-        ContextScope scope(r, n, world);
+        ContextScope scope(r, n, world, std::make_shared<const HostTopology>(mpi::host_topology()));
         body();
         world->synchronize();
         // Every rank ends together: a rank still waiting in a call on the world learns within
@@ -178,6 +188,26 @@ Communicator& world() {
 std::shared_ptr<Communicator> world_ptr() {
   require_rank("world");
   return context.world;
+}
+
+const HostTopology& host_topology() {
+  require_rank("host_topology");
+  return *context.hosts;
+}
+
+int host_of(int world_rank) {
+  require_rank("host_of");
+  return context.hosts->host_of(world_rank);
+}
+
+int num_hosts() {
+  require_rank("num_hosts");
+  return context.hosts->num_hosts();
+}
+
+int rank_in_host() {
+  require_rank("rank_in_host");
+  return context.hosts->rank_in_host(context.rank);
 }
 
 }  // namespace tessera

@@ -8,6 +8,7 @@
 
 #include <tessera/core/export.hpp>
 #include <tessera/comm/communicator.hpp>
+#include <tessera/comm/topology.hpp>
 
 namespace tessera TESSERA_API {
 
@@ -33,5 +34,16 @@ bool in_rank();
 /// This rank's world communicator. Throws ValueError outside launch/run.
 Communicator& world();
 std::shared_ptr<Communicator> world_ptr();
+
+/// The hosts of this world's ranks: under MPI the machines (or TESSERA_HOSTS=N simulated
+/// hosts); on threads one host, or TESSERA_HOSTS=N simulated hosts of consecutive ranks, so
+/// topology-aware code (hybrid meshes) runs in one process. Throws ValueError outside a rank.
+const HostTopology& host_topology();
+/// The host of a world rank (host_topology().host_of).
+int host_of(int world_rank);
+/// Number of hosts.
+int num_hosts();
+/// This rank's index among the ranks of its host.
+int rank_in_host();
 
 }  // namespace tessera

@@ -3,6 +3,7 @@
 // rank count from --ranks and TESSERA_RANKS and its exit status; one default generator per rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -352,6 +353,103 @@ TEST(Runtime, SeedingOneRankLeavesOthersAlone) {
       EXPECT_EQ(default_generator().offset(), offset_before);
     }
   });
+}
+
+}  // namespace
+
+// --- host topology ------------------------------------------------------------------------------
+
+namespace {
+
+TEST(HostTopology, SimulatedHostsAreConsecutiveNearEqualBlocks) {
+  const HostTopology four = HostTopology::simulated(4, 2);
+  EXPECT_EQ(four.num_hosts(), 2);
+  EXPECT_TRUE(four.is_simulated());
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(four.host_of(r), r / 2);
+    EXPECT_EQ(four.rank_in_host(r), r % 2);
+  }
+  EXPECT_EQ(four.ranks_on(1), (std::vector<int>{2, 3}));
+  EXPECT_EQ(four.to_string(), "2 hosts: host0 [0, 1], host1 [2, 3] (simulated)");
+  const HostTopology uneven = HostTopology::simulated(5, 2);  // 3 + 2 ranks
+  EXPECT_EQ(uneven.ranks_on(0), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(uneven.ranks_on(1), (std::vector<int>{3, 4}));
+  EXPECT_EQ(uneven.rank_in_host(4), 1);
+  EXPECT_EQ(HostTopology::simulated(3, 3).host_of(2), 2);
+}
+
+TEST(HostTopology, BadHostCountsAndRanksAreValueErrors) {
+  EXPECT_TRUE(value_error([] { HostTopology::simulated(4, 0); }, {"[HostTopology]", "TESSERA_HOSTS=0", "between 1 and", "4"}));
+  EXPECT_TRUE(value_error([] { HostTopology::simulated(4, 5); }, {"[HostTopology]", "TESSERA_HOSTS=5"}));
+  {
+    EnvGuard env("TESSERA_HOSTS", "two");
+    EXPECT_TRUE(value_error([] { HostTopology::from_environment(4, HostTopology::simulated(4, 1)); },
+                            {"[HostTopology]", "TESSERA_HOSTS='two'"}));
+  }
+  EXPECT_TRUE(value_error([] { HostTopology({1, 0}, {"a", "b"}, false); }, {"[HostTopology]", "rank 0 is on host 1"}));
+  EXPECT_TRUE(value_error([] { HostTopology({0, 0}, {"a", "b"}, false); }, {"[HostTopology]", "2 host names for 1 hosts"}));
+  const HostTopology t = HostTopology::simulated(2, 1);
+  EXPECT_TRUE(value_error([&] { t.host_of(2); }, {"[host_of]", "rank 2 out of range", "2 ranks"}));
+  EXPECT_TRUE(value_error([&] { t.ranks_on(1); }, {"[ranks_on]", "host 1 out of range"}));
+  if (!in_rank()) {  // under mpirun the tests run inside the rank
+    EXPECT_TRUE(value_error([] { num_hosts(); }, {"[num_hosts]", "outside a rank"}));
+  }
+}
+
+// On threads: one host (this machine) unless TESSERA_HOSTS simulates several; every rank sees
+// the same topology. A bad TESSERA_HOSTS fails launch before any rank starts.
+TEST(HostTopology, ThreadsSimulateHostsFromTheEnvironment) {
+  TESSERA_SKIP_UNDER_MPI();
+  {
+    EnvGuard env("TESSERA_HOSTS", std::nullopt);
+    launch(3, [] {
+      EXPECT_EQ(num_hosts(), 1);
+      EXPECT_FALSE(host_topology().is_simulated());
+      EXPECT_EQ(rank_in_host(), rank());
+    });
+  }
+  {
+    EnvGuard env("TESSERA_HOSTS", "2");
+    std::mutex mutex;
+    std::vector<int> hosts(4, -1), local(4, -1);
+    launch(4, [&] {
+      std::lock_guard lock(mutex);
+      hosts[static_cast<size_t>(rank())] = host_of(rank());
+      local[static_cast<size_t>(rank())] = rank_in_host();
+      EXPECT_EQ(num_hosts(), 2);
+      EXPECT_TRUE(host_topology().is_simulated());
+    });
+    EXPECT_EQ(hosts, (std::vector<int>{0, 0, 1, 1}));
+    EXPECT_EQ(local, (std::vector<int>{0, 1, 0, 1}));
+  }
+  {
+    EnvGuard env("TESSERA_HOSTS", "5");
+    EXPECT_TRUE(value_error([] { launch(4, [] {}); }, {"[HostTopology]", "TESSERA_HOSTS=5"}));
+  }
+}
+
+// Under mpirun: the machines (all ranks of a plain mpirun here share one; the multi-host test
+// sets TESSERA_EXPECT_HOSTS to its number of network namespaces). Ranks agree on the topology,
+// and a host's ranks are the ones MPI puts in one shared-memory group.
+TEST(HostTopology, MpiFindsTheMachinesOfTheJob) {
+  if (!under_mpi()) GTEST_SKIP() << "MPI backend only (mpirun)";
+  const HostTopology& t = host_topology();
+  EXPECT_EQ(t.world_size(), world_size());
+  const auto mine = t.ranks_on(host_of(rank()));
+  EXPECT_NE(std::find(mine.begin(), mine.end(), rank()), mine.end());
+  EXPECT_EQ(mine[static_cast<size_t>(rank_in_host())], rank());
+  if (const char* expected = std::getenv("TESSERA_EXPECT_HOSTS")) {
+    EXPECT_EQ(num_hosts(), std::atoi(expected)) << t.to_string();
+  } else if (!std::getenv("TESSERA_HOSTS")) {
+    EXPECT_EQ(num_hosts(), 1) << t.to_string();
+  }
+  // Every rank holds the same topology.
+  int64_t signature = 0;
+  for (int r = 0; r < world_size(); ++r) signature = signature * 31 + host_of(r) + 1;
+  int64_t top = signature;
+  world().all_reduce(&top, 1, DType::i64, ReduceOp::max);
+  EXPECT_EQ(top, signature);
+  world().barrier();
 }
 
 }  // namespace

@@ -68,6 +68,8 @@ struct Process {
   // The end-of-program barrier's own communicator (a duplicate of the world made at init), so
   // it can never meet a call of the program's.
   MPI_Comm end_of_program = MPI_COMM_NULL;
+  HostTopology hosts;
+  bool hosts_known = false;
   // User ops (MPI_OP_NULL where a builtin op has Tessera's semantics), by dtype and op.
   std::array<std::array<MPI_Op, kNumReduceOps>, kNumDTypes> ops{};
   bool ops_created = false;
@@ -809,9 +811,59 @@ const char* thread_level_name(int level) {
   }
 }
 
+// The machines of the job (at init, every rank at once): the ranks MPI_Comm_split_type puts in
+// one shared-memory group are one host, numbered by its lowest world rank; local_ranks gets the
+// size of this rank's group (of the real machines, even when TESSERA_HOSTS simulates others).
+HostTopology find_hosts(int& local_ranks) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int leader = rank;  // the lowest world rank of this rank's host
+  MPI_Comm node = MPI_COMM_NULL;
+  local_ranks = 1;
+  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_size(node, &local_ranks);
+    MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node);
+    MPI_Comm_free(&node);
+  }
+  std::vector<int> leaders(static_cast<size_t>(size));
+  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  std::vector<char> names(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
+  std::vector<int> host_of(static_cast<size_t>(size));
+  std::vector<std::string> host_names;
+  std::vector<int> host_leader;
+  for (int r = 0; r < size; ++r) {
+    const int l = leaders[static_cast<size_t>(r)];
+    auto it = std::find(host_leader.begin(), host_leader.end(), l);
+    if (it == host_leader.end()) {
+      host_leader.push_back(l);
+      std::string n(names.data() + static_cast<size_t>(l) * MPI_MAX_PROCESSOR_NAME);
+      // Hosts that share a name (network namespaces of one machine) stay distinguishable.
+      if (std::find(host_names.begin(), host_names.end(), n) != host_names.end())
+        n += "#" + std::to_string(host_leader.size() - 1);
+      host_names.push_back(n);
+      it = host_leader.end() - 1;
+    }
+    host_of[static_cast<size_t>(r)] = static_cast<int>(it - host_leader.begin());
+  }
+  const HostTopology machines(std::move(host_of), std::move(host_names), /*simulated=*/false);
+  return HostTopology::from_environment(size, machines);
+}
+
 }  // namespace
 
 bool is_available() { return true; }
+
+HostTopology host_topology() {
+  Process& p = process();
+  std::lock_guard lock(p.mutex);
+  if (!p.hosts_known) throw CommError("[mpi::host_topology] MPI is not initialised; call it inside a rank of run()");
+  return p.hosts;
+}
 
 bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
@@ -862,12 +914,16 @@ std::shared_ptr<Communicator> init(int* argc, char*** argv) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
 
-  // More ranks on this node than cores: waits yield at once instead of spinning first.
-  MPI_Comm node = MPI_COMM_NULL;
+  // The hosts, and whether this one runs more ranks than it has cores (then waits yield at once
+  // instead of spinning first).
   int local_ranks = 1;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-    MPI_Comm_size(node, &local_ranks);
-    MPI_Comm_free(&node);
+  if (!p.hosts_known) {
+    p.hosts = find_hosts(local_ranks);
+    p.hosts_known = true;
+  } else {
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    local_ranks = static_cast<int>(p.hosts.ranks_on(p.hosts.host_of(me)).size());
   }
   const unsigned cores = std::thread::hardware_concurrency();
   detail::oversubscribed.store(cores > 0 && static_cast<unsigned>(local_ranks) > cores);

@@ -6,6 +6,7 @@
 
 #include <tessera/core/export.hpp>
 #include <tessera/comm/communicator.hpp>
+#include <tessera/comm/topology.hpp>
 
 namespace tessera TESSERA_API {
 namespace mpi {
@@ -22,6 +23,10 @@ std::shared_ptr<Communicator> init(int* argc, char*** argv);
 /// ended, so a rank still waiting in a call on the world fails at once naming it (instead of
 /// waiting for the timeout). Throws CommError if the others do not end within the timeout.
 void end_of_program(Communicator& world);
+/// The hosts of the job's ranks, found at init(): MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)
+/// groups the ranks of one machine, MPI_Get_processor_name names it (TESSERA_HOSTS=N
+/// simulates N hosts instead). Throws CommError before init().
+HostTopology host_topology();
 /// Finalises MPI if init() initialised it. Idempotent.
 void finalize();
 /// Ends every process of the job (MPI_Abort) after printing reason: a failed rank cannot

@@ -21,6 +21,10 @@ std::shared_ptr<Communicator> init(int*, char***) {
 
 void end_of_program(Communicator&) {}
 
+HostTopology host_topology() {
+  throw CommError("[mpi::host_topology] this Tessera was built without MPI (TESSERA_WITH_MPI=OFF)");
+}
+
 void finalize() {}
 
 void abort(int code, const std::string& reason) {
