@@ -4,10 +4,15 @@
 //   (comm_timeout_seconds(): no progress for that long -> CommError naming the call, its
 //   sequence number, the group and, where MPI lets us know, the ranks that did not arrive).
 //   After a timeout the group is unusable and the runtime aborts the job.
-// - Per call, MPI's own collective or Tessera's point-to-point algorithm (detail/ring.hpp),
-//   chosen by message size from measurements (detail/tuning.cpp): on shared memory OpenMPI's
-//   reduce_scatter at every size, and its non-blocking allreduce from ~256 KiB, are several
-//   times slower than a pipelined ring over its own point-to-point.
+// - Per call, Tessera's point-to-point algorithm (detail/ring.hpp: ring, pairwise, recursive
+//   doubling, binomial tree, dissemination), every message tagged with the call's sequence
+//   number and signature hash: calls that cannot meet (another kind, dtype, count, op, root or
+//   _v counts) never match each other's messages, so no rank takes wrong data; they wait, and
+//   past the grace period the group's side channel (Op::wait, detail::SideChannel) names the
+//   mismatch. With Tuning::library_collectives MPI's own collectives serve where measured faster
+//   (detail/tuning.cpp), matched by call order only, as in MPI.
+// - A rank's end of program (end_of_program: a barrier on a communicator of its own) is told
+//   on the world's side channel, so a call still waiting for that rank fails at once.
 // - Reductions: builtin MPI ops where their semantics equal Tessera's (integer ops, float
 //   sum/product, b8 as MPI_C_BOOL with MPI_LOR/MPI_LAND); commutative user ops over
 //   detail::reduce_pair for float max/min (NaN propagates, as on the threads backend), f16/bf16
