@@ -7,6 +7,11 @@
 #   make test                        install missing deps, build everything, run every test
 #   make bench                       Release build, run the benchmark binaries (and, when built
 #                                    with MPI, tessera_comm_bench under mpirun -np 2 and -np 4)
+#   make test-multihost              build, run the comm, runtime, mesh, dtensor and nn tests under mpirun on
+#                                    simulated hosts (network namespaces, TCP only: scripts/multihost.sh),
+#                                    2 hosts x 2 ranks and 3 hosts x 2 ranks; skipped (exit 0) where
+#                                    it cannot run (needs root and iproute2)
+#   make bench-multihost             Release build, tessera_comm_bench on 2 hosts x 2 ranks over TCP
 #   make sanitize                    ASan+UBSan build in build-sanitize, run every test
 #   make sanitize TESSERA_SANITIZE=thread   TSan build in build-tsan, run every test
 #   make install PREFIX=/opt/tessera install headers, library and the CMake package
@@ -16,7 +21,8 @@
 #
 # Variables: BUILD_DIR (build), BUILD_TYPE (Release), JOBS (nproc), CTEST_JOBS (2),
 # CMAKE_ARGS (extra -D options, e.g. CMAKE_ARGS=-DTESSERA_WITH_MPI=OFF), PREFIX (/usr/local),
-# TESSERA_SANITIZE ("address;undefined" or "thread"), BENCH_ARGS (passed to the bench binaries).
+# TESSERA_SANITIZE ("address;undefined" or "thread"), BENCH_ARGS (passed to the bench binaries),
+# MULTIHOST_LAYOUTS (HOSTSxRANKS per host, "2x2 3x2"), MULTIHOST_TESTS (layers, "comm runtime mesh dtensor nn").
 
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -26,6 +32,8 @@ CTEST_ARGS ?= --timeout 600
 CMAKE_ARGS ?=
 PREFIX     ?= /usr/local
 BENCH_ARGS ?=
+MULTIHOST_LAYOUTS ?= 2x2 3x2
+MULTIHOST_TESTS   ?= comm runtime mesh dtensor nn
 # Build only these targets in `make sanitize` (default: everything), e.g. the threads-backend tests.
 SANITIZE_TARGETS ?=
 
@@ -57,7 +65,7 @@ define configure
 	fi
 endef
 
-.PHONY: all help deps configure build demo test bench sanitize install consumer clean
+.PHONY: all help deps configure build demo test test-multihost bench bench-multihost sanitize install consumer clean
 
 all: build
 
@@ -83,6 +91,25 @@ demo: configure
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
 
+# $(call multihost_or_skip,target,build dir): ends the recipe with exit 0 and the reason when
+# scripts/multihost.sh cannot run here or the build has no MPI.
+define multihost_or_skip
+	if ! reason=$$(scripts/multihost.sh check); then echo "$(1): skipped: $${reason#multihost: cannot run: }"; exit 0; fi; \
+	if ! grep -Eqi '^TESSERA_WITH_MPI:[A-Z]*=(ON|1|TRUE|YES)$$' $(2)/CMakeCache.txt; then \
+	  echo "$(1): skipped: $(2) has no MPI (TESSERA_WITH_MPI is off)"; exit 0; fi
+endef
+
+# Every layout and layer runs; the failures are listed at the end.
+test-multihost: build
+	@$(call multihost_or_skip,test-multihost,$(BUILD_DIR)); \
+	failed=; for layout in $(MULTIHOST_LAYOUTS); do for layer in $(MULTIHOST_TESTS); do \
+	  echo "== $${layout%x*} hosts x $${layout#*x} ranks: $(BUILD_DIR)/tests/tessera_$${layer}_tests"; \
+	  TESSERA_TIMEOUT_S=60 TESSERA_EXPECT_HOSTS=$${layout%x*} scripts/multihost.sh run --hosts $${layout%x*} --ranks-per-host $${layout#*x} \
+	    --timeout 600 -- $(BUILD_DIR)/tests/tessera_$${layer}_tests || failed="$$failed $$layer($$layout)"; \
+	done; done; \
+	if [ -n "$$failed" ]; then echo "test-multihost: FAILED:$$failed"; exit 1; fi; \
+	echo "test-multihost: passed ($(MULTIHOST_TESTS) on $(MULTIHOST_LAYOUTS))"
+
 bench: deps
 	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))
 	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_benchmarks
@@ -96,6 +123,13 @@ bench: deps
 	  echo "== mpirun -np 4 --oversubscribe $(BENCH_DIR)/bench/tessera_redistribute_bench"; \
 	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	    mpirun -np 4 --oversubscribe $(BENCH_DIR)/bench/tessera_redistribute_bench $(BENCH_ARGS); fi
+
+bench-multihost: deps
+	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))
+	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_comm_bench
+	@$(call multihost_or_skip,bench-multihost,$(BENCH_DIR)); \
+	echo "== 2 hosts x 2 ranks: $(BENCH_DIR)/bench/tessera_comm_bench"; \
+	scripts/multihost.sh run --hosts 2 --ranks-per-host 2 -- $(BENCH_DIR)/bench/tessera_comm_bench $(BENCH_ARGS)
 
 # TSan needs a fixed address-space layout on kernels with many ASLR bits: run without ASLR
 # where the machine allows it.

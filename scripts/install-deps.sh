@@ -15,6 +15,7 @@ packages=(
   nlohmann-json3-dev                      # JSON
   libcli11-dev                            # command lines
   libopenmpi-dev openmpi-bin              # MPI communicator backend and mpirun
+  iproute2                                # ip netns: simulated hosts for make test-multihost
 )
 
 check_only=0

@@ -714,8 +714,9 @@ Tuning without_debug() {
 }
 
 // A rank that does not come: the others time out naming the call, its sequence number and
-// the group, and refuse that group afterwards. The late rank then completes the call, so
-// nothing is left pending.
+// the group, and refuse that group afterwards. The late rank does not call it later: the
+// others left the dissemination barrier in different rounds, so on some world sizes (3, 5, 6)
+// it could never complete (its peers' reports would then fail it).
 TEST(MpiBackend, SkippedBarrierTimesOut) {
   SKIP_UNLESS_MPI();
   TuningGuard tuning(without_debug());
@@ -733,8 +734,6 @@ TEST(MpiBackend, SkippedBarrierTimesOut) {
       EXPECT_TRUE(throws_with<CommError>([&] { comm->barrier(); }, {"[barrier]", "failed earlier", "timeout after 1 s"}));
     }
   }
-  world().barrier();
-  if (me == 1) comm->barrier();  // meets the others' abandoned barrier #1
   world().barrier();
 }
 

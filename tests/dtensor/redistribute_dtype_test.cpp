@@ -46,7 +46,9 @@ TEST(RedistributeDtype, ForwardDtypeMovesAndReturnsTheCastValues) {
 TEST(RedistributeDtype, BackwardDtypeMovesTheGradientAndHandsItBackInTheInputsDtype) {
   for_each_world({2, 4}, [] {
     const DeviceMesh mesh = line_mesh();
-    const Tensor g = data({8, 6}, 2), weights = data({8, 6}, 3);
+    // Two rows per rank, so every rank receives gradient rows back (whatever the world size).
+    const int64_t rows = 2 * world_size();
+    const Tensor g = data({rows, 6}, 2), weights = data({rows, 6}, 3);
     const DTensor w = distribute_tensor(weights, mesh, {Shard{1}});
     int64_t backward_bytes[2] = {0, 0};
     Tensor grads[2];
