@@ -1,5 +1,5 @@
 // The failure matrix (issue 13): every fault of fault_program.cpp on every backend (rank threads;
-// mpirun -np 2, 4, 8), TESSERA_FAILURE_REPS times each (default 3; the issue's figure uses 20).
+// mpirun -np 2, 4, 8; 2 and 3 hosts of network namespaces), TESSERA_FAILURE_REPS times each (default 3; the issue's figure uses 20).
 // Each run must end the whole job with a non-zero exit, within the timeout + 10 s of the fault,
 // with a message naming the faulty rank, and no rank may return from the faulty call. The
 // control (no fault) must succeed. Prints one row per cell: the slowest time from fault to the
@@ -113,15 +113,21 @@ int repetitions() {
 
 const std::vector<std::string> kScenarios = {"throw", "skip", "kind", "count", "dtype", "p2p"};
 
-// One backend's row of the matrix: every scenario, `repetitions()` times.
+// One backend's row of the matrix: every scenario, `repetitions()` times. Backends: "threads",
+// "mpi" (mpirun on this machine), "multi-host" (mpirun across network namespaces, 2 ranks per
+// host, TCP only: scripts/multihost.sh).
 void check_matrix(const std::string& backend, int ranks) {
-  const bool mpi = backend == "mpi";
+  const bool threads = backend == "threads", multihost = backend == "multi-host";
   const auto command = [&](const std::string& scenario) {
     std::vector<std::string> argv;
-    if (mpi) argv = {TESSERA_MPIEXEC, "-np", std::to_string(ranks), "--oversubscribe"};
+#ifdef TESSERA_MPIEXEC
+    if (backend == "mpi") argv = {TESSERA_MPIEXEC, "-np", std::to_string(ranks), "--oversubscribe"};
+#endif
+    if (multihost)
+      argv = {TESSERA_MULTIHOST_SCRIPT, "run", "--hosts", std::to_string(ranks / 2), "--ranks-per-host", "2", "--"};
     argv.push_back(TESSERA_FAULT_PROGRAM);
     argv.push_back(scenario);
-    if (!mpi) argv.insert(argv.end(), {"--ranks", std::to_string(ranks)});
+    if (threads) argv.insert(argv.end(), {"--ranks", std::to_string(ranks)});
     return argv;
   };
   const std::vector<std::string> env = {"TESSERA_TIMEOUT_S=" + std::to_string(static_cast<int>(kTimeoutSeconds)),
@@ -156,7 +162,7 @@ void check_matrix(const std::string& backend, int ranks) {
                                                                << o.output;
       }
     }
-    std::printf("failure matrix | %-7s | np %d | %-5s | %2d/%2d runs ended non-zero | slowest %5.1f s fault->end | "
+    std::printf("failure matrix | %-10s | np %d | %-5s | %2d/%2d runs ended non-zero | slowest %5.2f s fault->end | "
                 "%2d/%2d name %s\n",
                 backend.c_str(), ranks, scenario.c_str(), ended, repetitions(), slowest, named, repetitions(),
                 bad.c_str());
@@ -172,6 +178,14 @@ TEST(FailureMatrix, Threads) {
 TEST(FailureMatrix, MpirunNp2) { check_matrix("mpi", 2); }
 TEST(FailureMatrix, MpirunNp4) { check_matrix("mpi", 4); }
 TEST(FailureMatrix, MpirunNp8) { check_matrix("mpi", 8); }
+
+// 2 and 3 hosts x 2 ranks over TCP, where this machine can make network namespaces.
+TEST(FailureMatrix, MultiHost) {
+  const Outcome can = run({TESSERA_MULTIHOST_SCRIPT, "check"}, {}, 30);
+  if (can.exit_code != 0) GTEST_SKIP() << can.output;
+  check_matrix("multi-host", 4);
+  check_matrix("multi-host", 6);
+}
 #endif
 
 }  // namespace
