@@ -169,11 +169,12 @@ std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after,
       }
       case StepKind::all_reduce:
         if (!(held == want)) return std::nullopt;
-        // Bandwidth-optimal all-reduce (Rabenseifner: recursive halving then doubling): 2(k-1)/k
-        // of the block in 2 log2(k) rounds.
+        // Bytes of a bandwidth-optimal all-reduce (ring or Rabenseifner): 2(k-1)/k of the block;
+        // latency of recursive doubling (small messages): log2(k) rounds, two more when k is
+        // not a power of two (the extra ranks fold in first and get the result last).
         received = 2 * (k - 1) * held.numel() * item / k;
         step.bytes_sent[static_cast<size_t>(r)] = received;
-        step.messages = std::max(step.messages, 2 * rounds(k));
+        step.messages = std::max(step.messages, rounds(k) + ((k & (k - 1)) != 0 ? 2 : 0));
         break;
       case StepKind::exchange:
         break;

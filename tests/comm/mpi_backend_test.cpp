@@ -51,10 +51,12 @@ class TuningGuard {
 // Knobs that force every size-chosen collective onto MPI's own (library) or Tessera's
 // algorithms (ring), with small pipeline chunks so the ring runs many of them.
 // Algorithm::tree: Tessera's own small-message algorithms (library collectives off, the ring
-// never).
+// never: recursive doubling, binomial tree, and all_gather / reduce_scatter pairwise).
 Tuning forcing(Algorithm algorithm, int64_t pipeline_bytes = 40, int64_t max_message = int64_t{1} << 30) {
   Tuning t = mpi::detail::tuning();
   t.library_collectives = algorithm == Algorithm::library;
+  // Tessera's own small-message paths: the tree, and the pairwise all_gather / reduce_scatter.
+  t.pairwise_max_bytes = algorithm == Algorithm::tree ? kNever : 0;
   const int64_t threshold = algorithm == Algorithm::ring ? 1 : kNever;
   t.ring_min_bytes_all_reduce = t.ring_min_bytes_reduce_scatter = threshold;
   t.ring_min_bytes_all_gather = t.ring_min_bytes_all_to_all = threshold;
@@ -150,8 +152,10 @@ TEST(MpiTuning, WithoutLibraryCollectivesEveryCallIsTesserasOwn) {
   const auto choose = [&](K kind, int64_t bytes) { return text(mpi::detail::choose_algorithm(kind, bytes, bytes, 4, t)); };
   EXPECT_EQ(choose(K::all_reduce, 99), "tree");
   EXPECT_EQ(choose(K::all_reduce, 100), "ring");
-  for (K kind : {K::reduce_scatter, K::reduce_scatter_v, K::all_gather, K::all_gather_v})
-    for (int64_t bytes : {1, 1 << 30}) EXPECT_EQ(choose(kind, bytes), "ring") << name(kind);
+  for (K kind : {K::reduce_scatter, K::reduce_scatter_v, K::all_gather, K::all_gather_v}) {
+    EXPECT_EQ(choose(kind, t.pairwise_max_bytes - 1), "pairwise") << name(kind);  // one round
+    EXPECT_EQ(choose(kind, t.pairwise_max_bytes), "ring") << name(kind);
+  }
   for (K kind : {K::all_to_all, K::all_to_all_v, K::gather, K::scatter, K::reduce})
     for (int64_t bytes : {1, 1 << 30}) EXPECT_EQ(choose(kind, bytes), "pairwise") << name(kind);
   for (K kind : {K::broadcast, K::barrier}) EXPECT_EQ(choose(kind, 8), "tree") << name(kind);
@@ -227,11 +231,11 @@ TEST(MpiBackend, AllReduceRingTreeAndLibraryEveryOpDtypeAndGroup) {
   world().barrier();
 }
 
-TEST(MpiBackend, ReduceScatterRingAndLibraryUnevenAndZeroCounts) {
+TEST(MpiBackend, ReduceScatterRingPairwiseAndLibraryUnevenAndZeroCounts) {
   SKIP_UNLESS_MPI();
   const auto cases = group_cases();
   const int me = rank();
-  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring}) {
+  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring, Algorithm::tree}) {
     TuningGuard tuning(forcing(algorithm));
     for (const GroupCase& g : cases) {
       if (!g.comm) continue;
@@ -247,7 +251,9 @@ TEST(MpiBackend, ReduceScatterRingAndLibraryUnevenAndZeroCounts) {
             g.comm->reduce_scatter_v(send.data(), recv.data(), counts, dtype, op);
             const std::string what = g.describe() + " reduce_scatter_v " + std::string(name(dtype)) + " " +
                                      std::string(name(op)) + " counts " + Shape(counts).to_string();
-            const Algorithm expected = g.size() == 1 ? Algorithm::local : algorithm;
+            const Algorithm expected = g.size() == 1                 ? Algorithm::local
+                                       : algorithm == Algorithm::tree ? Algorithm::pairwise
+                                                                      : algorithm;
             if (displ.back() > 0) {
               EXPECT_EQ(text(mpi::detail::last_algorithm()), text(expected)) << what;
             }
@@ -300,7 +306,7 @@ TEST(MpiBackend, ReduceScatterRingWithManyChunksPerBlock) {
 TEST(MpiBackend, AllGatherAndAllToAllBothPathsUnevenAndZeroCounts) {
   SKIP_UNLESS_MPI();
   const auto cases = group_cases();
-  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring}) {
+  for (Algorithm algorithm : {Algorithm::library, Algorithm::ring, Algorithm::tree}) {
     TuningGuard tuning(forcing(algorithm));
     for (const GroupCase& g : cases) {
       if (!g.comm) continue;
@@ -324,7 +330,7 @@ TEST(MpiBackend, AllGatherAndAllToAllBothPathsUnevenAndZeroCounts) {
         Buffer recv(dtype, count * n), want(dtype, count * n);
         g.comm->all_to_all(send.data(), recv.data(), count, dtype);
         EXPECT_EQ(text(mpi::detail::last_algorithm()),
-                  text(n == 1 ? Algorithm::local : algorithm == Algorithm::ring ? Algorithm::pairwise : Algorithm::library));
+                  text(n == 1 ? Algorithm::local : algorithm == Algorithm::library ? Algorithm::library : Algorithm::pairwise));
         for (int k = 0; k < n; ++k)
           for (int64_t i = 0; i < count; ++i) want.set(count * k + i, pattern(dtype, g.who(k), count * r + i));
         EXPECT_TRUE(same_bits(recv, want, g.describe() + " all_to_all " + std::string(name(dtype))));
@@ -404,7 +410,8 @@ TEST(MpiBackend, MessagesSplitAtTheCountLimit) {
         Buffer send = filled(dtype, counts[static_cast<size_t>(r)], [&](int64_t i) { return pattern(dtype, g.who(r), i); });
         Buffer gathered(dtype, displ.back()), want(dtype, displ.back());
         g.comm->all_gather_v(send.data(), gathered.data(), counts, dtype);
-        EXPECT_EQ(text(mpi::detail::last_algorithm()), text(n == 1 ? Algorithm::local : Algorithm::ring)) << at;
+        const Algorithm blockwise = algorithm == Algorithm::tree ? Algorithm::pairwise : Algorithm::ring;
+        EXPECT_EQ(text(mpi::detail::last_algorithm()), text(n == 1 ? Algorithm::local : blockwise)) << at;
         for (int k = 0; k < n; ++k)
           for (int64_t i = 0; i < counts[static_cast<size_t>(k)]; ++i)
             want.set(displ[static_cast<size_t>(k)] + i, pattern(dtype, g.who(k), i));
@@ -412,7 +419,7 @@ TEST(MpiBackend, MessagesSplitAtTheCountLimit) {
         Buffer contrib = filled(dtype, displ.back(), [&](int64_t i) { return contribution(dtype, ReduceOp::max, me, i); });
         Buffer reduced(dtype, counts[static_cast<size_t>(r)]);
         g.comm->reduce_scatter_v(contrib.data(), reduced.data(), counts, dtype, ReduceOp::max);
-        EXPECT_EQ(text(mpi::detail::last_algorithm()), text(n == 1 ? Algorithm::local : Algorithm::ring)) << at;
+        EXPECT_EQ(text(mpi::detail::last_algorithm()), text(n == 1 ? Algorithm::local : blockwise)) << at;
         const auto value = [&](int who, int64_t i) { return contribution(dtype, ReduceOp::max, who, i); };
         EXPECT_TRUE(same_bits(reduced, filled(dtype, counts[static_cast<size_t>(r)], [&](int64_t i) {
                                 return reduce_expected(dtype, ReduceOp::max, g.members, displ[static_cast<size_t>(r)] + i, value);

@@ -319,6 +319,17 @@ class MpiCommunicator final : public Communicator {
     if (algorithm == Algorithm::local) return copy(own_place, send, counts[0], dtype);
     if (total == 0) return;
     if (algorithm == Algorithm::ring) return detail::ring_all_gather(o, send, recv, counts, dtype, pipeline_for(dtype, t));
+    if (algorithm == Algorithm::pairwise) {  // small: every block straight to every rank, one round
+      std::vector<detail::Transfer> sends, recvs;
+      for (int p = 0; p < size(); ++p) {
+        if (p == rank()) continue;
+        if (counts[static_cast<size_t>(rank())] > 0) sends.push_back({p, const_cast<void*>(send), counts[static_cast<size_t>(rank())]});
+        if (counts[static_cast<size_t>(p)] > 0)
+          recvs.push_back({p, at(recv, displ[static_cast<size_t>(p)], dtype), counts[static_cast<size_t>(p)]});
+      }
+      copy(own_place, send, counts[static_cast<size_t>(rank())], dtype);
+      return detail::exchange(o, sends, recvs, dtype, t.max_message_elements, o.tag());
+    }
     const MPI_Datatype type = detail::transfer_type(dtype);
     const auto int_counts = to_int(counts);
     const auto int_displ = to_int(displ);
@@ -363,6 +374,22 @@ class MpiCommunicator final : public Communicator {
       // Out of place the ring only reads its input.
       void* slots = scratch(detail::ring_reduce_scatter_scratch(counts, /*in_place=*/false, pipe), wire);
       detail::ring_reduce_scatter(o, const_cast<void*>(in), out, counts, wire, fold, /*in_place=*/false, slots, pipe);
+    } else if (algorithm == Algorithm::pairwise) {
+      // Small: block p goes straight to rank p; this rank folds the n contributions to its block
+      // in rank order (the same order on every rank's block).
+      const int n = size(), me = rank();
+      const auto slots = static_cast<std::byte*>(scratch(own * n, wire));
+      std::vector<detail::Transfer> sends, recvs;
+      for (int p = 0; p < n; ++p) {
+        if (p == me) continue;
+        if (counts[static_cast<size_t>(p)] > 0)
+          sends.push_back({p, const_cast<std::byte*>(at(in, displ[static_cast<size_t>(p)], wire)), counts[static_cast<size_t>(p)]});
+        if (own > 0) recvs.push_back({p, at(slots, own * p, wire), own});
+      }
+      copy(at(slots, own * me, wire), at(in, displ[static_cast<size_t>(me)], wire), own, wire);
+      detail::exchange(o, sends, recvs, wire, t.max_message_elements, o.tag());
+      for (int p = 1; p < n && own > 0; ++p) ::tessera::detail::reduce_pair(slots, at(slots, own * p, wire), own, wire, fold);
+      copy(out, slots, own, wire);
     } else {
       const auto int_counts = to_int(counts);
       MPI_Request request;

@@ -106,6 +106,7 @@ Tuning default_tuning() {
   t.ring_min_bytes_all_to_all = pick("TESSERA_MPI_RING_MIN_BYTES_ALL_TO_ALL", kRingMinBytesAllToAll);
   t.debug_collectives = env_flag("TESSERA_DEBUG_COLLECTIVES");
   t.library_collectives = env_flag("TESSERA_MPI_LIBRARY_COLLECTIVES");
+  t.pairwise_max_bytes = env_bytes("TESSERA_MPI_PAIRWISE_MAX_BYTES", t.pairwise_max_bytes);
   t.desync_grace_seconds = env_seconds("TESSERA_DESYNC_GRACE_S", t.desync_grace_seconds);
   return t;
 }
@@ -137,7 +138,7 @@ Algorithm choose_algorithm(CollectiveKind kind, int64_t bytes, int64_t library_e
       case CollectiveKind::reduce_scatter_v:
       case CollectiveKind::all_gather:
       case CollectiveKind::all_gather_v:
-        return Algorithm::ring;
+        return bytes < t.pairwise_max_bytes ? Algorithm::pairwise : Algorithm::ring;
       case CollectiveKind::broadcast:
       case CollectiveKind::barrier:
         return Algorithm::tree;

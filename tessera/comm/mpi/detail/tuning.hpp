@@ -47,6 +47,10 @@ struct Tuning {
   /// data; Tessera's own algorithms carry the call's signature in every message's tag, so such
   /// a rank waits and the side channel names the mismatch. TESSERA_MPI_LIBRARY_COLLECTIVES=1.
   bool library_collectives = false;
+  /// Without library collectives: below this many bytes (the whole buffer) all_gather(_v) and
+  /// reduce_scatter(_v) send every block straight to its rank (one round of messages) instead
+  /// of the ring's n-1 steps. TESSERA_MPI_PAIRWISE_MAX_BYTES.
+  int64_t pairwise_max_bytes = 64 * 1024;
   /// One extra small collective per call compares every rank's signature (desync detection).
   /// TESSERA_DEBUG_COLLECTIVES=1.
   bool debug_collectives = false;
