@@ -15,7 +15,7 @@
 # Needs root, iproute2 (`ip`), util-linux (unshare, flock), hostname and OpenMPI's mpirun.
 # Setup is idempotent (leftover tessera-* namespaces from a killed run are removed first) and
 # everything (namespaces, veths, bridge, temp files) is removed on exit, failure or Ctrl-C.
-# Runs are serialised by a lock on this file. TESSERA_* and GTEST_* variables reach every rank
+# Runs are serialised by a machine-wide lock (/run/lock/tessera-multihost.lock). TESSERA_* and GTEST_* variables reach every rank
 # (mpirun -x).
 set -euo pipefail
 
@@ -140,8 +140,11 @@ cmd_run() {
   reason=$(why_not)
   [[ -z $reason ]] || die "cannot run: $reason"
 
-  # One run at a time on this machine (namespace names are fixed); the lock goes with the process.
-  exec 9<"$SELF"
+  # One run at a time on this machine (namespace names are fixed), whichever checkout it comes
+  # from: a machine-wide lock file; the lock goes with the process.
+  local lock=/run/lock
+  [[ -d $lock && -w $lock ]] || lock=/tmp
+  exec 9>>"$lock/tessera-multihost.lock"
   flock -n 9 || { echo "multihost: waiting for another run to finish" >&2; flock 9; }
 
   MULTIHOST_DIR=$(mktemp -d "${TMPDIR:-/tmp}/tessera-multihost.XXXXXX")
