@@ -247,7 +247,7 @@ class MpiCommunicator final : public Communicator {
           if (r != rank() && !(report && report->ended)) running.push_back(world_ranks()[static_cast<size_t>(r)]);
         }
         throw CommError(concat("[end_of_program] world rank ", world_ranks()[static_cast<size_t>(rank())],
-                               " ended its program, but world ranks ", Shape(std::vector<int64_t>(running.begin(), running.end())).to_string(),
+                               " ended its program, but world ranks ", detail::join_ranks(running),
                                " did not end theirs within ", timeout, " s (a rank still waits in a call, or the",
                                " ranks made different numbers of calls)"));
       }
@@ -375,21 +375,12 @@ class MpiCommunicator final : public Communicator {
       void* slots = scratch(detail::ring_reduce_scatter_scratch(counts, /*in_place=*/false, pipe), wire);
       detail::ring_reduce_scatter(o, const_cast<void*>(in), out, counts, wire, fold, /*in_place=*/false, slots, pipe);
     } else if (algorithm == Algorithm::pairwise) {
-      // Small: block p goes straight to rank p; this rank folds the n contributions to its block
-      // in rank order (the same order on every rank's block).
-      const int n = size(), me = rank();
-      const auto slots = static_cast<std::byte*>(scratch(own * n, wire));
-      std::vector<detail::Transfer> sends, recvs;
-      for (int p = 0; p < n; ++p) {
-        if (p == me) continue;
-        if (counts[static_cast<size_t>(p)] > 0)
+      // Small: block p goes straight to rank p, which folds its block's contributions.
+      std::vector<detail::Transfer> sends;
+      for (int p = 0; p < size(); ++p)
+        if (p != rank() && counts[static_cast<size_t>(p)] > 0)
           sends.push_back({p, const_cast<std::byte*>(at(in, displ[static_cast<size_t>(p)], wire)), counts[static_cast<size_t>(p)]});
-        if (own > 0) recvs.push_back({p, at(slots, own * p, wire), own});
-      }
-      copy(at(slots, own * me, wire), at(in, displ[static_cast<size_t>(me)], wire), own, wire);
-      detail::exchange(o, sends, recvs, wire, t.max_message_elements, o.tag());
-      for (int p = 1; p < n && own > 0; ++p) ::tessera::detail::reduce_pair(slots, at(slots, own * p, wire), own, wire, fold);
-      copy(out, slots, own, wire);
+      fold_from_every_rank(o, sends, at(in, displ[static_cast<size_t>(rank())], wire), out, own, wire, fold, t);
     } else {
       const auto int_counts = to_int(counts);
       MPI_Request request;
@@ -478,15 +469,7 @@ class MpiCommunicator final : public Communicator {
     if (algorithm == Algorithm::pairwise) {
       // Every rank sends its buffer to the root, which folds them in rank order.
       if (!is_root) return detail::exchange(o, {{root, const_cast<void*>(in), count}}, {}, wire, t.max_message_elements, o.tag());
-      const auto slots = static_cast<std::byte*>(scratch(count * size(), wire));
-      std::vector<detail::Transfer> recvs;
-      for (int p = 0; p < size(); ++p)
-        if (p != root) recvs.push_back({p, at(slots, count * p, wire), count});
-      copy(at(slots, count * root, wire), in, count, wire);
-      detail::exchange(o, {}, recvs, wire, t.max_message_elements, o.tag());
-      const ReduceOp fold = op == ReduceOp::avg ? ReduceOp::sum : op;
-      for (int p = 1; p < size(); ++p) ::tessera::detail::reduce_pair(slots, at(slots, count * p, wire), count, wire, fold);
-      copy(out, slots, count, wire);
+      fold_from_every_rank(o, {}, in, out, count, wire, op == ReduceOp::avg ? ReduceOp::sum : op, t);
     } else {
       reduce_with_library(o, in, out, count, wire, op, root, t);
     }
@@ -778,6 +761,23 @@ class MpiCommunicator final : public Communicator {
     }
     copy(at(recv, recv_displ[self], dtype), at(send, send_displ[self], dtype), recv_counts[self], dtype);
     if (!sends.empty() || !recvs.empty()) detail::exchange(o, sends, recvs, dtype, t.max_message_elements, o.tag());
+  }
+
+  // The direct reductions (reduce's root, small reduce_scatter): sends `sends` while `count`
+  // elements come from every other rank into a slot of its own, `own` takes this rank's slot,
+  // and `out` gets the slots folded in rank order (one order, whichever rank folds).
+  void fold_from_every_rank(Op& o, const std::vector<detail::Transfer>& sends, const void* own, void* out,
+                            int64_t count, DType wire, ReduceOp fold, const Tuning& t) {
+    const int n = size();
+    const auto slots = static_cast<std::byte*>(scratch(count * n, wire));
+    std::vector<detail::Transfer> recvs;
+    for (int p = 0; p < n && count > 0; ++p)
+      if (p != rank()) recvs.push_back({p, at(slots, count * p, wire), count});
+    copy(at(slots, count * rank(), wire), own, count, wire);
+    detail::exchange(o, sends, recvs, wire, t.max_message_elements, o.tag());
+    for (int p = 1; p < n && count > 0; ++p)
+      ::tessera::detail::reduce_pair(slots, at(slots, count * p, wire), count, wire, fold);
+    copy(out, slots, count, wire);
   }
 
   static std::string_view dtype_name(int64_t index) {

@@ -61,13 +61,13 @@ int error_class(int code) {
   return c;
 }
 
+}  // namespace
+
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string out = "[";
   for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
   return out + "]";
 }
-
-}  // namespace
 
 Report Report::waiting(const CollectiveCall& call, uint64_t counts_hash) {
   Report r;

@@ -47,6 +47,9 @@ MPI_Datatype transfer_type(DType dtype);
 /// "MPI_ERR_TRUNCATE: message truncated".
 std::string error_string(int code);
 
+/// "[0, 2, 3]": ranks for messages.
+std::string join_ranks(const std::vector<int>& ranks);
+
 /// What a rank says on its group's side channel (fixed size, sent as bytes).
 struct Report {
   int64_t failed = 0;  ///< 1: this rank's call on the group failed (reason); 0: it waits in the call
