@@ -57,20 +57,7 @@ ShardSizes inferred_sizes(const Tensor& local, const DeviceMesh& mesh, const Pla
   for (int64_t d = 0; d < nd; ++d) {
     const auto& order = probe.shard_order(d);
     if (order.empty()) continue;
-    // Piece p (mixed radix over the shard order) is held by the rank at those coordinates.
-    std::vector<int64_t> pieces;
-    int64_t count = 1;
-    for (int64_t m : order) count *= spec.shape()[m];
-    for (int64_t p = 0; p < count; ++p) {
-      std::vector<int64_t> coordinate(static_cast<size_t>(spec.ndim()), 0);
-      int64_t rest = p;
-      for (auto it = order.rbegin(); it != order.rend(); ++it) {
-        coordinate[static_cast<size_t>(*it)] = rest % spec.shape()[*it];
-        rest /= spec.shape()[*it];
-      }
-      const auto at = std::find(spec.ranks().begin(), spec.ranks().end(), spec.rank_at(coordinate));
-      pieces.push_back(shapes[static_cast<size_t>(at - spec.ranks().begin())][static_cast<size_t>(d)]);
-    }
+    std::vector<int64_t> pieces = pieces_from_local_shapes(spec, shapes, order, d);
     global[d] = std::accumulate(pieces.begin(), pieces.end(), int64_t{0});
     sizes[d] = std::move(pieces);
   }

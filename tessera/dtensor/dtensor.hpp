@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <tessera/core/export.hpp>
@@ -240,6 +241,12 @@ Layout gradient_layout(const Layout& layout);
 /// ShardingError for Partial placements. The result is a leaf that requires a gradient when
 /// `global` does (as in PyTorch).
 DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vector<Placement> placements);
+/// distribute_tensor into any layout on `mesh` (shard orders, explicit sizes): what front ends
+/// with their own vocabulary (tessera/spec's mark_sharding) lower onto; errors name `call`.
+/// Throws ShardingError when the layout is not on `mesh`, not of global's shape and dtype, or
+/// holds a Partial.
+DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Layout& layout,
+                          std::string_view call = "distribute_tensor");
 
 /// Factories: each rank builds only its block (no communication). Partial placements are an error.
 DTensor empty(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);

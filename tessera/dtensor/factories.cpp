@@ -61,12 +61,24 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vec
   TESSERA_CHECK(global.defined(), ShardingError, "distribute_tensor", "undefined tensor for ", to_string(placements),
                 " on ", mesh.to_string());
   Layout layout = factory_layout("distribute_tensor", global.shape(), global.dtype(), mesh, std::move(placements));
-  if (!mesh.is_member()) return DTensor(Tensor(), mesh, std::move(layout));
+  return distribute_tensor(global, mesh, layout);
+}
+
+DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Layout& layout, std::string_view call) {
+  TESSERA_CHECK(global.defined(), ShardingError, call, "undefined tensor for ", layout.to_string());
+  TESSERA_CHECK(layout.mesh() == mesh.spec(), ShardingError, call, "layout ", layout.to_string(), " is not on ",
+                mesh.to_string());
+  TESSERA_CHECK(layout.global_shape() == global.shape() && layout.dtype() == global.dtype(), ShardingError, call,
+                "layout ", layout.to_string(), " is not of the tensor's ", global.shape().to_string(), " ",
+                name(global.dtype()));
+  TESSERA_CHECK(!layout.has_partial(), ShardingError, call, "layout ", layout.to_string(),
+                " holds a Partial: a new tensor has no pending reduction; use Replicate");
+  if (!mesh.is_member()) return DTensor(Tensor(), mesh, layout);
   // All ranks must pass the same shape and dtype, or the block counts would disagree mid-call.
-  const auto texts = detail::all_gather_text(mesh, layout.to_string(), "distribute_tensor");
+  const auto texts = detail::all_gather_text(mesh, layout.to_string(), std::string(call).c_str());
   for (size_t i = 0; i < texts.size(); ++i)
-    TESSERA_CHECK(texts[i] == texts.front(), ShardingError, "distribute_tensor", "rank ", mesh.spec().ranks()[i],
-                  " distributes ", texts[i], " but rank ", mesh.spec().ranks()[0], " distributes ", texts.front());
+    TESSERA_CHECK(texts[i] == texts.front(), ShardingError, call, "rank ", mesh.spec().ranks()[i], " distributes ",
+                  texts[i], " but rank ", mesh.spec().ranks()[0], " distributes ", texts.front());
   // The data comes from the first rank of the mesh, as in DTensor: it sends every rank its block.
   const int origin = mesh.spec().ranks().front();
   std::vector<Transfer> transfers;
@@ -77,7 +89,7 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vec
   const Tensor source = rank() == origin ? global : empty(Shape::filled(global.ndim(), 0), global.dtype());
   Tensor local = detail::run_exchange(transfers, source.detach(), held, layout.block(mesh.coordinate()), global.dtype(),
                                       mesh.mesh_comm_ptr());
-  DTensor out(local.detach(), mesh, std::move(layout));
+  DTensor out(local.detach(), mesh, layout);
   if (global.requires_grad()) out.requires_grad_();
   return out;
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -25,6 +26,7 @@ struct RankContext {
   int world_size = 0;
   std::shared_ptr<Communicator> world;
   std::shared_ptr<const HostTopology> hosts;
+  std::map<std::string, std::shared_ptr<void>, std::less<>> state;  // rank_state()
 };
 
 thread_local RankContext context;
@@ -33,7 +35,7 @@ thread_local RankContext context;
 class ContextScope {
  public:
   ContextScope(int rank, int size, std::shared_ptr<Communicator> world, std::shared_ptr<const HostTopology> hosts) {
-    context = {rank, size, std::move(world), std::move(hosts)};
+    context = {rank, size, std::move(world), std::move(hosts), {}};
   }
   ~ContextScope() { context = {}; }
   ContextScope(const ContextScope&) = delete;
@@ -166,6 +168,13 @@ int run(int argc, char** argv, std::function<void()> body) {
     std::cerr << "tessera: " << e.what() << "\n";
     return 1;
   }
+}
+
+std::shared_ptr<void>& rank_state(std::string_view key) {
+  require_rank("rank_state");
+  auto it = context.state.find(key);
+  if (it == context.state.end()) it = context.state.emplace(std::string(key), nullptr).first;
+  return it->second;
 }
 
 int rank() {

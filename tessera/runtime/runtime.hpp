@@ -5,6 +5,7 @@
 // process is one rank. TESSERA_BACKEND=threads|mpi forces a backend.
 #include <functional>
 #include <memory>
+#include <string_view>
 
 #include <tessera/core/export.hpp>
 #include <tessera/comm/communicator.hpp>
@@ -34,6 +35,12 @@ bool in_rank();
 /// This rank's world communicator. Throws ValueError outside launch/run.
 Communicator& world();
 std::shared_ptr<Communicator> world_ptr();
+
+/// A slot of per-rank state, by key, owned by the rank: released when the rank's body ends,
+/// before its backend shuts down (under MPI before MPI_Finalize, which a thread_local would
+/// outlive). Front ends keep their per-rank defaults here (tessera/spec's global mesh). Throws
+/// ValueError outside a rank.
+std::shared_ptr<void>& rank_state(std::string_view key);
 
 /// The hosts of this world's ranks: under MPI the machines (or TESSERA_HOSTS=N simulated
 /// hosts); on threads one host, or TESSERA_HOSTS=N simulated hosts of consecutive ranks, so

@@ -31,6 +31,27 @@ std::string Block::to_string() const {
   return out.str();
 }
 
+std::vector<int64_t> pieces_from_local_shapes(const MeshSpec& mesh, const std::vector<std::vector<int64_t>>& shapes,
+                                              const std::vector<int64_t>& order, int64_t dim) {
+  int64_t count = 1;
+  for (int64_t m : order) count *= mesh.size(m);
+  std::vector<int64_t> pieces;
+  pieces.reserve(static_cast<size_t>(count));
+  for (int64_t p = 0; p < count; ++p) {
+    // ranks() is row-major over the grid: the holder's position is its coordinate's flat index.
+    std::vector<int64_t> coordinate(static_cast<size_t>(mesh.ndim()), 0);
+    int64_t rest = p;
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      coordinate[static_cast<size_t>(*it)] = rest % mesh.size(*it);
+      rest /= mesh.size(*it);
+    }
+    int64_t position = 0;
+    for (int64_t m = 0; m < mesh.ndim(); ++m) position = position * mesh.size(m) + coordinate[static_cast<size_t>(m)];
+    pieces.push_back(shapes[static_cast<size_t>(position)][static_cast<size_t>(dim)]);
+  }
+  return pieces;
+}
+
 std::vector<int64_t> chunk_sizes(int64_t length, const std::vector<int64_t>& splits) {
   std::vector<int64_t> pieces{length};
   for (int64_t k : splits) {

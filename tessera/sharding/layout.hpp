@@ -122,6 +122,14 @@ class Layout {
 /// Example: chunk_sizes(4, {2, 3}) == [1, 1, 0, 1, 1, 0].
 std::vector<int64_t> chunk_sizes(int64_t length, const std::vector<int64_t>& splits);
 
+/// The sizes along tensor dim `dim` of the pieces of a dim sharded over `order` (mesh dims in
+/// splitting order), read off per-rank local shapes given in the order of mesh.ranks(): piece p
+/// (mixed radix over `order`) is the local of the rank at those coordinates and 0 on the other
+/// mesh dims. What explicit sizes inferred from locals (PhysicsNeMo sharding_shapes="infer",
+/// torch_xla disable_manual_sharding) are built from.
+std::vector<int64_t> pieces_from_local_shapes(const MeshSpec& mesh, const std::vector<std::vector<int64_t>>& shapes,
+                                              const std::vector<int64_t>& order, int64_t dim);
+
 }  // namespace tessera
 
 template <>
