@@ -1,4 +1,5 @@
 #include <tessera/debug/visualize_sharding.hpp>
+#include <tessera/spec/partition_spec.hpp>
 
 #include <algorithm>
 #include <map>
@@ -91,6 +92,7 @@ std::string visualize_sharding(const Layout& layout) {
 
   std::ostringstream out;
   out << layout.to_string();
+  if (!layout.has_partial()) out << " = " << spec_from_layout(layout).to_string();  // its PartitionSpec
   if (!cols.empty()) {
     std::string border = "+";
     for (size_t w : width) border += std::string(w + 2, '-') + "+";

@@ -25,7 +25,7 @@ MeshSpec mesh_ab(int64_t a, int64_t b) { return MeshSpec(Shape{a, b}, {"a", "b"}
 
 TEST(VisualizeSharding, OneDimShardedRow) {
   EXPECT_EQ(visualize_sharding(Layout(Shape{8}, DType::f32, mesh_x(4), {Shard{0}})),
-            "[8] f32 on mesh[x=4] as (S(0))\n"
+            "[8] f32 on mesh[x=4] as (S(0)) = P('x')\n"
             "+--------+--------+--------+--------+\n"
             "| [0:2]  | [2:4]  | [4:6]  | [6:8]  |\n"
             "| rank 0 | rank 1 | rank 2 | rank 3 |\n"
@@ -34,7 +34,7 @@ TEST(VisualizeSharding, OneDimShardedRow) {
 
 TEST(VisualizeSharding, TwoDimGrid) {
   EXPECT_EQ(visualize_sharding(Layout(Shape{4, 6}, DType::f32, mesh_ab(2, 2), {Shard{0}, Shard{1}})),
-            "[4, 6] f32 on mesh[a=2, b=2] as (S(0), S(1))\n"
+            "[4, 6] f32 on mesh[a=2, b=2] as (S(0), S(1)) = P('a', 'b')\n"
             "+------------+------------+\n"
             "| [0:2, 0:3] | [0:2, 3:6] |\n"
             "| rank 0     | rank 1     |\n"
@@ -46,7 +46,7 @@ TEST(VisualizeSharding, TwoDimGrid) {
 
 TEST(VisualizeSharding, ReplicasShareACell) {
   EXPECT_EQ(visualize_sharding(Layout(Shape{4, 6}, DType::f32, mesh_ab(2, 2), {Shard{0}, Replicate{}})),
-            "[4, 6] f32 on mesh[a=2, b=2] as (S(0), R)\n"
+            "[4, 6] f32 on mesh[a=2, b=2] as (S(0), R) = P('a', None)\n"
             "+------------+\n"
             "| [0:2, 0:6] |\n"
             "| rank 0, 1  |\n"
@@ -56,7 +56,7 @@ TEST(VisualizeSharding, ReplicasShareACell) {
             "+------------+");
   // Sharding the columns over the outer mesh dim: replicas are mesh neighbours 0, 1 and 2, 3.
   EXPECT_EQ(visualize_sharding(Layout(Shape{4, 6}, DType::f32, mesh_ab(2, 2), {Replicate{}, Shard{1}})),
-            "[4, 6] f32 on mesh[a=2, b=2] as (R, S(1))\n"
+            "[4, 6] f32 on mesh[a=2, b=2] as (R, S(1)) = P(None, 'b')\n"
             "+------------+------------+\n"
             "| [0:4, 0:3] | [0:4, 3:6] |\n"
             "| rank 0, 2  | rank 1, 3  |\n"
@@ -65,7 +65,7 @@ TEST(VisualizeSharding, ReplicasShareACell) {
 
 TEST(VisualizeSharding, UnevenShardsListEmptyRanks) {
   EXPECT_EQ(visualize_sharding(Layout(Shape{5}, DType::f32, mesh_x(4), {Shard{0}})),
-            "[5] f32 on mesh[x=4] as (S(0))\n"
+            "[5] f32 on mesh[x=4] as (S(0)) = P('x')\n"
             "+--------+--------+--------+\n"
             "| [0:2]  | [2:4]  | [4:5]  |\n"
             "| rank 0 | rank 1 | rank 2 |\n"
@@ -73,7 +73,7 @@ TEST(VisualizeSharding, UnevenShardsListEmptyRanks) {
             "empty: rank 3");
   // Every block empty: no table, only the list.
   EXPECT_EQ(visualize_sharding(Layout(Shape{0}, DType::f32, mesh_x(2), {Shard{0}})),
-            "[0] f32 on mesh[x=2] as (S(0))\n"
+            "[0] f32 on mesh[x=2] as (S(0)) = P('x')\n"
             "empty: rank 0, 1");
 }
 
@@ -89,7 +89,7 @@ TEST(VisualizeSharding, PartialLine) {
 
 TEST(VisualizeSharding, LongReplicaListsWrapAndShowWorldRanks) {
   EXPECT_EQ(visualize_sharding(Layout(Shape{3}, DType::f32, mesh_x(10), {Replicate{}})),
-            "[3] f32 on mesh[x=10] as (R)\n"
+            "[3] f32 on mesh[x=10] as (R) = P(None)\n"
             "+------------------------------+\n"
             "| [0:3]                        |\n"
             "| rank 0, 1, 2, 3, 4, 5, 6, 7, |\n"
@@ -97,7 +97,7 @@ TEST(VisualizeSharding, LongReplicaListsWrapAndShowWorldRanks) {
             "+------------------------------+");
   // Cells name world ranks, ascending, whatever the mesh's order.
   EXPECT_EQ(visualize_sharding(Layout(Shape{4}, DType::f32, MeshSpec(Shape{2}, {"tp"}, {6, 4}), {Shard{0}})),
-            "[4] f32 on mesh[tp=2] ranks [6, 4] as (S(0))\n"
+            "[4] f32 on mesh[tp=2] ranks [6, 4] as (S(0)) = P('tp')\n"
             "+--------+--------+\n"
             "| [0:2]  | [2:4]  |\n"
             "| rank 6 | rank 4 |\n"
@@ -122,7 +122,7 @@ TEST(VisualizeSharding, DTensorForwardsToItsLayoutWithoutCommunicating) {
     EXPECT_EQ(text, visualize_sharding(t.layout()));
     if (world_size() == 2) {
       EXPECT_EQ(text,
-                "[8, 3] f32 on mesh[x=2] as (S(0))\n"
+                "[8, 3] f32 on mesh[x=2] as (S(0)) = P('x', None)\n"
                 "+------------+\n"
                 "| [0:4, 0:3] |\n"
                 "| rank 0     |\n"
