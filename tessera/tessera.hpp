@@ -26,3 +26,4 @@
 #include <tessera/spec/mark_sharding.hpp>
 #include <tessera/spec/shard_map.hpp>
 #include <tessera/spec/spec_mesh.hpp>
+#include <tessera/domain/halo.hpp>

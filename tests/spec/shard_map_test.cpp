@@ -216,6 +216,10 @@ TEST(ShardMap, ErrorsNameTheCall) {
                                {"[all_gather]", "dim 2 is out of range"}));
     EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { ppermute(l, "tp", {{0, 1}, {0, 0}}); }); },
                                {"[ppermute]", "axis index 0 sends twice"}));
+    EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { ppermute(l, "tp", {{0, 1}, {1, 1}}); }); },
+                               {"[ppermute]", "axis index 1 receives twice"}));
+    EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { all_to_all(l.narrow(1, 0, 3), "tp", 1, 0); }); },
+                               {"[all_to_all]", "dim 1 of [4, 3] does not split into"}));
     EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { ppermute(l, "tp", {{0, 9}}); }); },
                                {"[ppermute]", "out of range for axis 'tp' of size " + std::to_string(mesh.size("tp"))}));
     EXPECT_TRUE(sharding_error([&] { shard_map([](const std::vector<Tensor>& ts) { return ts[0]; }, mesh, {}, P{}, {x}); },
@@ -224,5 +228,20 @@ TEST(ShardMap, ErrorsNameTheCall) {
     EXPECT_TRUE(sharding_error(
         [&] { shard_map([](const std::vector<Tensor>& ts) { return ts[0]; }, mesh, {P{}}, P{}, {elsewhere}); },
         {"[shard_map]", "argument 0", "is not on " + mesh.to_string()}));
+    // A mesh over part of the world: its ranks run fn, the others are told why they may not.
+    const DeviceMesh half({world_size() / 2}, {"x"}, [] {
+      std::vector<int> ranks;
+      for (int r = 0; r < world_size() / 2; ++r) ranks.push_back(r);
+      return ranks;
+    }());
+    const DTensor on_half = mark_sharding(t, half, P{});
+    const auto run_on_half = [&] {
+      return shard_map([](const std::vector<Tensor>& ts) { return psum(ts[0], "x"); }, half, {P{"x"}}, P{}, {on_half});
+    };
+    const int64_t n = half.size(), rows = 4 / n;
+    if (half.is_member())
+      EXPECT_TRUE(allclose(clear_sharding(run_on_half()), sum(t.reshape({n, rows, 4}), {0})));
+    else
+      EXPECT_TRUE(sharding_error(run_on_half, {"[shard_map]", "world rank " + std::to_string(rank()) + " is not in"}));
   });
 }
