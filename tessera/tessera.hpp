@@ -27,3 +27,4 @@
 #include <tessera/spec/shard_map.hpp>
 #include <tessera/spec/spec_mesh.hpp>
 #include <tessera/domain/halo.hpp>
+#include <tessera/domain/scatter.hpp>

@@ -128,6 +128,12 @@ class DTensor {
   /// The local piece of the rank at the given mesh coordinates (unnamed axes: 0), on every rank.
   /// Communicates.
   Tensor fetch_shard(const std::map<std::string, int64_t>& coordinates) const;
+  /// PhysicsNeMo ShardTensor's offsets: the global start, along the tensor dim that mesh dim
+  /// `mesh_dim` shards, of the piece of every rank along that mesh dim (the calling rank's
+  /// coordinates on the other mesh dims), in mesh order. Pieces of 3, 1 and 4 rows: [0, 3, 4].
+  /// No communication. Throws ShardingError when the mesh dim does not shard a tensor dim or the
+  /// calling rank is outside the mesh.
+  std::vector<int64_t> offsets(int64_t mesh_dim) const;
 
   const DeviceMesh& device_mesh() const { return mesh_; }
   const std::vector<Placement>& placements() const { return layout_->placements(); }
@@ -242,11 +248,13 @@ Layout gradient_layout(const Layout& layout);
 /// `global` does (as in PyTorch).
 DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vector<Placement> placements);
 /// distribute_tensor into any layout on `mesh` (shard orders, explicit sizes): what front ends
-/// with their own vocabulary (tessera/spec's mark_sharding) lower onto; errors name `call`.
+/// with their own vocabulary (tessera/spec's mark_sharding) lower onto; errors name `call`. With
+/// `src_rank` the data comes from that world rank of the mesh, and only it needs `global`
+/// (ShardTensor's scatter_tensor); the others may pass an undefined tensor.
 /// Throws ShardingError when the layout is not on `mesh`, not of global's shape and dtype, or
 /// holds a Partial.
 DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Layout& layout,
-                          std::string_view call = "distribute_tensor");
+                          std::string_view call = "distribute_tensor", std::optional<int> src_rank = std::nullopt);
 
 /// Factories: each rank builds only its block (no communication). Partial placements are an error.
 DTensor empty(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);

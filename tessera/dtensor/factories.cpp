@@ -64,33 +64,41 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vec
   return distribute_tensor(global, mesh, layout);
 }
 
-DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Layout& layout, std::string_view call) {
-  TESSERA_CHECK(global.defined(), ShardingError, call, "undefined tensor for ", layout.to_string());
+DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Layout& layout, std::string_view call,
+                          std::optional<int> src_rank) {
   TESSERA_CHECK(layout.mesh() == mesh.spec(), ShardingError, call, "layout ", layout.to_string(), " is not on ",
                 mesh.to_string());
-  TESSERA_CHECK(layout.global_shape() == global.shape() && layout.dtype() == global.dtype(), ShardingError, call,
-                "layout ", layout.to_string(), " is not of the tensor's ", global.shape().to_string(), " ",
-                name(global.dtype()));
+  TESSERA_CHECK(!src_rank || mesh.spec().contains(*src_rank), ShardingError, call, "source rank ", *src_rank,
+                " is not in ", mesh.to_string());
   TESSERA_CHECK(!layout.has_partial(), ShardingError, call, "layout ", layout.to_string(),
                 " holds a Partial: a new tensor has no pending reduction; use Replicate");
+  // Only the ranks that provide data need it: the source, or every rank without one.
+  const bool provides = !src_rank || *src_rank == rank();
+  if (provides) {
+    TESSERA_CHECK(global.defined(), ShardingError, call, "undefined tensor for ", layout.to_string());
+    TESSERA_CHECK(layout.global_shape() == global.shape() && layout.dtype() == global.dtype(), ShardingError, call,
+                  "layout ", layout.to_string(), " is not of the tensor's ", global.shape().to_string(), " ",
+                  name(global.dtype()));
+  }
   if (!mesh.is_member()) return DTensor(Tensor(), mesh, layout);
   // All ranks must pass the same shape and dtype, or the block counts would disagree mid-call.
   const auto texts = detail::all_gather_text(mesh, layout.to_string(), std::string(call).c_str());
   for (size_t i = 0; i < texts.size(); ++i)
     TESSERA_CHECK(texts[i] == texts.front(), ShardingError, call, "rank ", mesh.spec().ranks()[i], " distributes ",
                   texts[i], " but rank ", mesh.spec().ranks()[0], " distributes ", texts.front());
-  // The data comes from the first rank of the mesh, as in DTensor: it sends every rank its block.
-  const int origin = mesh.spec().ranks().front();
+  // The data comes from the source, by default the first rank of the mesh, as in DTensor: it
+  // sends every rank its block.
+  const int origin = src_rank ? *src_rank : mesh.spec().ranks().front();
   std::vector<Transfer> transfers;
   for (int r : mesh.spec().ranks()) transfers.push_back(Transfer{origin, r, layout.block_of_rank(r)});
-  const Block whole{Shape::filled(global.ndim(), 0), global.shape()};
+  const Block whole{Shape::filled(layout.ndim(), 0), layout.global_shape()};
   const Block held = rank() == origin ? whole : Block{whole.begin, whole.begin};
   // Other ranks hold nothing: an empty (defined) tensor, which the exchange may still address.
-  const Tensor source = rank() == origin ? global : empty(Shape::filled(global.ndim(), 0), global.dtype());
-  Tensor local = detail::run_exchange(transfers, source.detach(), held, layout.block(mesh.coordinate()), global.dtype(),
+  const Tensor source = rank() == origin ? global : empty(Shape::filled(layout.ndim(), 0), layout.dtype());
+  Tensor local = detail::run_exchange(transfers, source.detach(), held, layout.block(mesh.coordinate()), layout.dtype(),
                                       mesh.mesh_comm_ptr());
   DTensor out(local.detach(), mesh, layout);
-  if (global.requires_grad()) out.requires_grad_();
+  if (!src_rank && global.requires_grad()) out.requires_grad_();
   return out;
 }
 

@@ -164,3 +164,23 @@ Tensor DTensor::fetch_shard(const std::map<std::string, int64_t>& coordinates) c
 }
 
 }  // namespace tessera
+
+namespace tessera {
+
+std::vector<int64_t> DTensor::offsets(int64_t mesh_dim) const {
+  TESSERA_CHECK(mesh_dim >= 0 && mesh_dim < mesh_.ndim(), ShardingError, "DTensor::offsets", "mesh dim ", mesh_dim,
+                " is out of range for ", layout_->to_string());
+  const auto* shard = std::get_if<Shard>(&layout_->placements()[static_cast<size_t>(mesh_dim)]);
+  TESSERA_CHECK(shard != nullptr, ShardingError, "DTensor::offsets", "mesh dim ", mesh_dim, " of ",
+                layout_->to_string(), " shards no tensor dim");
+  TESSERA_CHECK(mesh_.is_member(), ShardingError, "DTensor::offsets", "world rank ", rank(), " is not in ",
+                mesh_.to_string());
+  std::vector<int64_t> coordinate = mesh_.coordinate(), starts;
+  for (int64_t c = 0; c < mesh_.size(mesh_dim); ++c) {
+    coordinate[static_cast<size_t>(mesh_dim)] = c;
+    starts.push_back(layout_->block(coordinate).begin[shard->dim]);
+  }
+  return starts;
+}
+
+}  // namespace tessera
