@@ -4,6 +4,9 @@
 #   make demo                        install missing deps, build, run examples/tensor_demo,
 #                                    examples/mesh_demo, examples/dtensor_demo and the main example
 #                                    examples/train_lm (4 in-process ranks)
+#   make demo-xla                    install missing deps, build, run the torch_xla / JAX translations
+#                                    over tessera/spec: examples/xla_mlp (8 in-process ranks) and
+#                                    examples/jax_shard_map (4 ranks)
 #   make test                        install missing deps, build everything, run every test
 #   make bench                       Release build, run the benchmark binaries (and, when built
 #                                    with MPI, tessera_comm_bench under mpirun -np 2 and -np 4)
@@ -22,7 +25,7 @@
 # Variables: BUILD_DIR (build), BUILD_TYPE (Release), JOBS (nproc), CTEST_JOBS (2),
 # CMAKE_ARGS (extra -D options, e.g. CMAKE_ARGS=-DTESSERA_WITH_MPI=OFF), PREFIX (/usr/local),
 # TESSERA_SANITIZE ("address;undefined" or "thread"), BENCH_ARGS (passed to the bench binaries),
-# MULTIHOST_LAYOUTS (HOSTSxRANKS per host, "2x2 3x2"), MULTIHOST_TESTS (layers, "comm runtime mesh dtensor nn").
+# MULTIHOST_LAYOUTS (HOSTSxRANKS per host, "2x2 3x2"), MULTIHOST_TESTS (layers, "comm runtime mesh dtensor nn spec domain").
 
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -33,7 +36,7 @@ CMAKE_ARGS ?=
 PREFIX     ?= /usr/local
 BENCH_ARGS ?=
 MULTIHOST_LAYOUTS ?= 2x2 3x2
-MULTIHOST_TESTS   ?= comm runtime mesh dtensor nn
+MULTIHOST_TESTS   ?= comm runtime mesh dtensor nn spec domain
 # Build only these targets in `make sanitize` (default: everything), e.g. the threads-backend tests.
 SANITIZE_TARGETS ?=
 
@@ -65,7 +68,7 @@ define configure
 	fi
 endef
 
-.PHONY: all help deps configure build demo test test-multihost bench bench-multihost sanitize install consumer clean
+.PHONY: all help deps configure build demo demo-xla test test-multihost bench bench-multihost sanitize install consumer clean
 
 all: build
 
@@ -87,6 +90,11 @@ demo: configure
 	$(BUILD_DIR)/examples/mesh_demo --ranks 4
 	$(BUILD_DIR)/examples/dtensor_demo --ranks 4
 	$(BUILD_DIR)/examples/train_lm --ranks 4
+
+demo-xla: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target xla_mlp jax_shard_map
+	$(BUILD_DIR)/examples/xla_mlp --ranks 8
+	$(BUILD_DIR)/examples/jax_shard_map --ranks 4
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j$(CTEST_JOBS) $(CTEST_ARGS)
