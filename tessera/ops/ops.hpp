@@ -1,6 +1,7 @@
 #pragma once
 // All local ops.
 #include <tessera/ops/attention.hpp>
+#include <tessera/ops/conv.hpp>
 #include <tessera/ops/einsum.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/indexing.hpp>

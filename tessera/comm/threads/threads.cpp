@@ -20,6 +20,7 @@
 #endif
 
 #include <tessera/comm/detail/reduce_kernels.hpp>
+#include <tessera/comm/detail/stream_copy.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/core/shape.hpp>
 
@@ -345,8 +346,19 @@ const std::byte* at(const void* p, int64_t elements, DType dtype) {
 }
 std::byte* at(void* p, int64_t elements, DType dtype) { return static_cast<std::byte*>(p) + elements * itemsize(dtype); }
 
-void copy(void* dst, const void* src, int64_t count, DType dtype) {
-  if (count > 0 && dst != src) std::memcpy(dst, src, static_cast<size_t>(count * itemsize(dtype)));
+void copy(void* dst, const void* src, int64_t count, DType dtype, bool streaming = false) {
+  if (count <= 0 || dst == src) return;
+  const auto bytes = static_cast<size_t>(count * itemsize(dtype));
+  if (streaming)
+    detail::stream_copy(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
+}
+
+int64_t sum(const std::vector<int64_t>& counts) {
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return total;
 }
 
 class ThreadCommunicator final : public Communicator {
@@ -384,11 +396,12 @@ class ThreadCommunicator final : public Communicator {
     const int64_t chunk = std::max<int64_t>(1, kPushChunkBytes / itemsize(dtype));
     auto& scratch = group_->scratch(rank());
     scratch.resize(static_cast<size_t>(std::min(chunk, hi - lo) * itemsize(dtype)));
+    const bool streaming = detail::streaming_pays(n * bytes);
     for (int64_t begin = lo; begin < hi; begin += chunk) {
       const int64_t len = std::min(chunk, hi - begin);
       for (int k = 0; k < n; ++k) inputs[static_cast<size_t>(k)] = at(group_->slot(k).recv, begin, dtype);
       detail::reduce_buffers(scratch.data(), inputs.data(), n, len, dtype, op);
-      for (int k = 0; k < n; ++k) copy(at(group_->slot(k).recv, begin, dtype), scratch.data(), len, dtype);
+      for (int k = 0; k < n; ++k) copy(at(group_->slot(k).recv, begin, dtype), scratch.data(), len, dtype, streaming);
     }
     depart(call);  // every slice has been written into every buffer
   }
@@ -401,8 +414,10 @@ class ThreadCommunicator final : public Communicator {
     group_->arrive(rank(), s);
     check_equal_counts(counts, call);
     const auto displ = displacements(counts);
+    const bool streaming = detail::streaming_pays(size() * sum(counts) * itemsize(dtype));
     for (int k = 0; k < size(); ++k)
-      copy(at(recv, displ[static_cast<size_t>(k)], dtype), group_->slot(k).send, counts[static_cast<size_t>(k)], dtype);
+      copy(at(recv, displ[static_cast<size_t>(k)], dtype), group_->slot(k).send, counts[static_cast<size_t>(k)], dtype,
+           streaming);
     depart(call);
   }
 
@@ -438,11 +453,13 @@ class ThreadCommunicator final : public Communicator {
                                                         " elements to rank ", p, ", which expects ", expected));
       }
     const auto my_displ = displacements(recv_counts);
+    // Every rank receives about as much as this one: the group writes size() times it.
+    const bool streaming = detail::streaming_pays(size() * sum(recv_counts) * itemsize(dtype));
     for (int p = 0; p < size(); ++p) {
       const auto peer_displ = displacements(group_->slot(p).send_counts);
       copy(at(recv, my_displ[static_cast<size_t>(p)], dtype),
            at(group_->slot(p).send, peer_displ[static_cast<size_t>(rank())], dtype), recv_counts[static_cast<size_t>(p)],
-           dtype);
+           dtype, streaming);
     }
     depart(call);
   }
@@ -451,7 +468,8 @@ class ThreadCommunicator final : public Communicator {
     Slot s{call};
     s.recv = buf;
     group_->arrive(rank(), s);
-    if (rank() != root) copy(buf, group_->slot(root).recv, count, dtype);
+    if (rank() != root)
+      copy(buf, group_->slot(root).recv, count, dtype, detail::streaming_pays(size() * count * itemsize(dtype)));
     depart(call);
   }
 
