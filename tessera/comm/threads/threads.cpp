@@ -396,12 +396,13 @@ class ThreadCommunicator final : public Communicator {
     const int64_t chunk = std::max<int64_t>(1, kPushChunkBytes / itemsize(dtype));
     auto& scratch = group_->scratch(rank());
     scratch.resize(static_cast<size_t>(std::min(chunk, hi - lo) * itemsize(dtype)));
-    const bool streaming = detail::streaming_pays(n * bytes);
     for (int64_t begin = lo; begin < hi; begin += chunk) {
       const int64_t len = std::min(chunk, hi - begin);
       for (int k = 0; k < n; ++k) inputs[static_cast<size_t>(k)] = at(group_->slot(k).recv, begin, dtype);
       detail::reduce_buffers(scratch.data(), inputs.data(), n, len, dtype, op);
-      for (int k = 0; k < n; ++k) copy(at(group_->slot(k).recv, begin, dtype), scratch.data(), len, dtype, streaming);
+      // Plain stores: streaming these small chunk copies measured slower (64 MiB, 4 ranks: 1.3
+      // of the copy bound against 2.1).
+      for (int k = 0; k < n; ++k) copy(at(group_->slot(k).recv, begin, dtype), scratch.data(), len, dtype);
     }
     depart(call);  // every slice has been written into every buffer
   }
