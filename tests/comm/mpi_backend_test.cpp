@@ -693,6 +693,10 @@ TEST(MpiBackend, ADesyncIsNamedWithinTheGracePeriod) {
           "all_reduce(f32, count=4, op=sum)", "all_gather(f32, count=4)");
   odd_one(all_reduce, [](Communicator& c) { float b[8] = {}; c.all_reduce(b, 5, DType::f32, ReduceOp::sum); },
           "all_reduce(f32, count=4, op=sum)", "all_reduce(f32, count=5, op=sum)");
+  // A rank with nothing to reduce still meets the others (it used to return at once and leave
+  // them waiting out the timeout).
+  odd_one(all_reduce, [](Communicator& c) { float b[8] = {}; c.all_reduce(b, 0, DType::f32, ReduceOp::sum); },
+          "all_reduce(f32, count=4, op=sum)", "all_reduce(f32, count=0, op=sum)");
   odd_one(all_reduce, [](Communicator& c) { int32_t b[8] = {}; c.all_reduce(b, 4, DType::i32, ReduceOp::sum); },
           "all_reduce(f32, count=4, op=sum)", "all_reduce(i32, count=4, op=sum)");
   odd_one(all_reduce, [](Communicator& c) { float b[8] = {}; c.all_reduce(b, 4, DType::f32, ReduceOp::max); },

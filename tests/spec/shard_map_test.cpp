@@ -179,7 +179,7 @@ TEST(ShardMap, UnevenBlocksMakeAnUnevenOutput) {
 TEST(ShardMap, CheckVmaRefusesAClaimOfReplicationOverAVaryingAxis) {
   for_each_world({4}, [] {
     const DeviceMesh mesh = grid();
-    const DTensor x = mark_sharding(data({4, 4}, 1), mesh, P{});
+    const DTensor x = mark_sharding(data({12, 12}, 1), mesh, P{});  // divisible by every axis size
     const auto identity = [](const std::vector<Tensor>& t) { return t[0]; };
     EXPECT_TRUE(sharding_error([&] { shard_map(identity, mesh, {P{"tp"}}, P{}, {x}); },
                                {"[shard_map]", "out_spec P() claims the output is replicated over axis 'tp'",
@@ -201,7 +201,7 @@ TEST(ShardMap, CheckVmaRefusesAClaimOfReplicationOverAVaryingAxis) {
 TEST(ShardMap, ErrorsNameTheCall) {
   for_each_world({4}, [] {
     const DeviceMesh mesh = grid();
-    const Tensor t = data({4, 4}, 1);
+    const Tensor t = data({12, 4}, 1);
     EXPECT_TRUE(sharding_error([&] { psum(t, "tp"); }, {"[psum]", "outside shard_map"}));
     EXPECT_TRUE(sharding_error([&] { axis_index("tp"); }, {"[axis_index]", "outside shard_map"}));
     const DTensor x = mark_sharding(t, mesh, P{});
@@ -209,7 +209,7 @@ TEST(ShardMap, ErrorsNameTheCall) {
       shard_map([&](const std::vector<Tensor>& ts) { body(ts[0]); return ts[0]; }, mesh, {P{}}, P{}, {x});
     };
     EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { psum(l, "ep"); }); }, {"[psum]", "'ep'"}));
-    EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { psum_scatter(l.narrow(0, 0, 3), "tp", 0); }); },
+    EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { psum_scatter(l.narrow(0, 0, 1), "tp", 0); }); },
                                {"[psum_scatter]", "does not split into " + std::to_string(mesh.size("tp")) +
                                                       " equal pieces over axis 'tp'"}));
     EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { all_gather(l, "tp", 2); }); },
@@ -218,8 +218,8 @@ TEST(ShardMap, ErrorsNameTheCall) {
                                {"[ppermute]", "axis index 0 sends twice"}));
     EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { ppermute(l, "tp", {{0, 1}, {1, 1}}); }); },
                                {"[ppermute]", "axis index 1 receives twice"}));
-    EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { all_to_all(l.narrow(1, 0, 3), "tp", 1, 0); }); },
-                               {"[all_to_all]", "dim 1 of [4, 3] does not split into"}));
+    EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { all_to_all(l.narrow(1, 0, 1), "tp", 1, 0); }); },
+                               {"[all_to_all]", "dim 1 of [12, 1] does not split into"}));
     EXPECT_TRUE(sharding_error([&] { in_region([](const Tensor& l) { ppermute(l, "tp", {{0, 9}}); }); },
                                {"[ppermute]", "out of range for axis 'tp' of size " + std::to_string(mesh.size("tp"))}));
     EXPECT_TRUE(sharding_error([&] { shard_map([](const std::vector<Tensor>& ts) { return ts[0]; }, mesh, {}, P{}, {x}); },
@@ -238,7 +238,7 @@ TEST(ShardMap, ErrorsNameTheCall) {
     const auto run_on_half = [&] {
       return shard_map([](const std::vector<Tensor>& ts) { return psum(ts[0], "x"); }, half, {P{"x"}}, P{}, {on_half});
     };
-    const int64_t n = half.size(), rows = 4 / n;
+    const int64_t n = half.size(), rows = 12 / n;
     if (half.is_member())
       EXPECT_TRUE(allclose(clear_sharding(run_on_half()), sum(t.reshape({n, rows, 4}), {0})));
     else

@@ -262,7 +262,8 @@ class MpiCommunicator final : public Communicator {
     const int64_t bytes = count * itemsize(dtype);
     const Algorithm algorithm = detail::choose_algorithm(call.kind, bytes, count, size(), t);
     detail::note_algorithm(algorithm);
-    if (algorithm == Algorithm::local || count == 0) return;  // avg over one rank is the value
+    if (algorithm == Algorithm::local) return;  // avg over one rank is the value
+    if (count == 0) return meet_without_data(o);
     const ReduceOp fold = op == ReduceOp::avg ? ReduceOp::sum : op;
     // The reduction runs on `data` in dtype `wire`: the caller's buffer, or its f32 copy.
     const DType wire = staged(dtype, op) ? DType::f32 : dtype;
@@ -416,7 +417,7 @@ class MpiCommunicator final : public Communicator {
     const Algorithm algorithm = detail::choose_algorithm(call.kind, total * itemsize(dtype), total, size(), t);
     detail::note_algorithm(algorithm);
     if (algorithm != Algorithm::library) return pairwise_all_to_all(o, send, counts, recv, counts, dtype, t);
-    if (count == 0) return;
+    if (count == 0) return meet_without_data(o);
     const MPI_Datatype type = detail::transfer_type(dtype);
     MPI_Request request;
     o.check(detail::locked([&] {
@@ -452,7 +453,7 @@ class MpiCommunicator final : public Communicator {
     detail::note_algorithm(algorithm);
     const bool is_root = rank() == root;
     if (algorithm == Algorithm::local) return copy(recv, send, count, dtype);
-    if (count == 0) return;
+    if (count == 0) return meet_without_data(o);
     const DType wire = staged(dtype, op) ? DType::f32 : dtype;
     std::vector<float> wide_send, wide_recv;
     const void* in = send;
@@ -503,7 +504,7 @@ class MpiCommunicator final : public Communicator {
     detail::note_algorithm(algorithm);
     const bool is_root = rank() == root;
     if (algorithm == Algorithm::local) return copy(recv, send, count, dtype);
-    if (count == 0) return;
+    if (count == 0) return meet_without_data(o);
     if (algorithm == Algorithm::pairwise) {
       std::vector<detail::Transfer> sends, recvs;
       if (is_root) {
@@ -535,7 +536,7 @@ class MpiCommunicator final : public Communicator {
     detail::note_algorithm(algorithm);
     const bool is_root = rank() == root;
     if (algorithm == Algorithm::local) return copy(recv, send, count, dtype);
-    if (count == 0) return;
+    if (count == 0) return meet_without_data(o);
     if (algorithm == Algorithm::pairwise) {
       std::vector<detail::Transfer> sends, recvs;
       if (is_root) {
@@ -654,6 +655,12 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // An empty call still meets its peers, through a barrier whose messages carry the call's
+  // signature: a rank that passes 0 elements where its peers pass more must not return at once
+  // and leave them waiting out the timeout; it waits with them, and after the grace period both
+  // sides' reports name the mismatch (different counts). Ranks that all pass 0 just meet.
+  static void meet_without_data(Op& o) { detail::dissemination_barrier(o); }
+
   // The start of every collective: a failed group is not reused; in debug mode every rank's
   // signature (and the counts of the _v forms) is compared before any data moves.
   Op begin(const CollectiveCall& call, const Tuning& t, const std::vector<int64_t>* counts = nullptr,
