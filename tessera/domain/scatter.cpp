@@ -46,7 +46,7 @@ DTensor scatter_tensor(const Tensor& on_src, int src_rank, const DeviceMesh& mes
       if (s->dim < 0) s->dim += shape.size();
     }
   }
-  return distribute_tensor(on_src, mesh, Layout(shape, dtype, mesh.spec(), std::move(placements)), call, src_rank);
+  return distribute_to_layout(on_src, mesh, Layout(shape, dtype, mesh.spec(), std::move(placements)), call, src_rank);
 }
 
 }  // namespace tessera

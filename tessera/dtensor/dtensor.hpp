@@ -253,8 +253,8 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vec
 /// (ShardTensor's scatter_tensor); the others may pass an undefined tensor.
 /// Throws ShardingError when the layout is not on `mesh`, not of global's shape and dtype, or
 /// holds a Partial.
-DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Layout& layout,
-                          std::string_view call = "distribute_tensor", std::optional<int> src_rank = std::nullopt);
+DTensor distribute_to_layout(const Tensor& global, const DeviceMesh& mesh, const Layout& layout,
+                             std::string_view call = "distribute_tensor", std::optional<int> src_rank = std::nullopt);
 
 /// Factories: each rank builds only its block (no communication). Partial placements are an error.
 DTensor empty(const Shape& shape, const DeviceMesh& mesh, std::vector<Placement> placements, DType dtype = DType::f32);

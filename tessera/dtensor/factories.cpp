@@ -61,10 +61,10 @@ DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vec
   TESSERA_CHECK(global.defined(), ShardingError, "distribute_tensor", "undefined tensor for ", to_string(placements),
                 " on ", mesh.to_string());
   Layout layout = factory_layout("distribute_tensor", global.shape(), global.dtype(), mesh, std::move(placements));
-  return distribute_tensor(global, mesh, layout);
+  return distribute_to_layout(global, mesh, layout);
 }
 
-DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, const Layout& layout, std::string_view call,
+DTensor distribute_to_layout(const Tensor& global, const DeviceMesh& mesh, const Layout& layout, std::string_view call,
                           std::optional<int> src_rank) {
   TESSERA_CHECK(layout.mesh() == mesh.spec(), ShardingError, call, "layout ", layout.to_string(), " is not on ",
                 mesh.to_string());

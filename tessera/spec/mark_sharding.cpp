@@ -43,7 +43,7 @@ DTensor mark_sharding(const Tensor& global, const DeviceMesh& mesh, const Partit
                 mesh.to_string());
   TESSERA_CHECK(mesh.size() > 0, ShardingError, "mark_sharding", "the mesh is empty (a default-constructed ",
                 "DeviceMesh) for ", spec.to_string());
-  return distribute_tensor(global, mesh, spec_layout("mark_sharding", global.shape(), global.dtype(), mesh.spec(), spec),
+  return distribute_to_layout(global, mesh, spec_layout("mark_sharding", global.shape(), global.dtype(), mesh.spec(), spec),
                            "mark_sharding");
 }
 

@@ -140,17 +140,12 @@ Tensor permute_along(const Tensor& x, Communicator& comm, const std::vector<std:
   const int n = comm.size(), me = comm.rank();
   const Tensor block = x.contiguous();
   std::vector<int64_t> send(static_cast<size_t>(n), 0), recv(static_cast<size_t>(n), 0);
-  bool receives = false;
   for (const auto& [src, dst] : perm) {
     if (src == me) send[static_cast<size_t>(dst)] = block.numel();
-    if (dst == me) {
-      recv[static_cast<size_t>(src)] = block.numel();
-      receives = true;
-    }
+    if (dst == me) recv[static_cast<size_t>(src)] = block.numel();
   }
-  Tensor out = zeros(x.shape(), x.dtype());
+  Tensor out = zeros(x.shape(), x.dtype());  // stays zeros when no pair sends here
   comm.all_to_all_v(block.raw_data(), send, out.raw_data(), recv, x.dtype());
-  (void)receives;  // out stays zeros when no pair sends here
   return out;
 }
 
