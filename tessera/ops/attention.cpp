@@ -14,7 +14,6 @@
 // Everything is computed in f32 (f64 for f64 inputs) with OpenBLAS gemms on the tiles.
 #include <tessera/ops/attention.hpp>
 
-#include <cblas.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +23,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/core/grad_mode.hpp>
 #include <tessera/grad/engine.hpp>
+#include <tessera/ops/detail/gemm.hpp>
 #include <tessera/ops/detail/attention_kernel.hpp>
 #include <tessera/ops/shape_ops.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>
@@ -35,19 +35,7 @@ namespace {
 constexpr int64_t kRows = 64;
 constexpr int64_t kCols = 128;
 
-// Row-major C = alpha * op(A) op(B) + beta * C.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
-          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
-}
+using detail::gemm;
 
 DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 

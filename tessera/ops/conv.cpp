@@ -25,7 +25,6 @@
 // is that gather's adjoint: a scatter-add.
 //
 // Everything is computed in f32 (f64 for f64 inputs); f16/bf16 are converted and back.
-#include <cblas.h>
 
 #include <algorithm>
 #include <array>
@@ -37,6 +36,7 @@
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/grad/engine.hpp>
+#include <tessera/ops/detail/gemm.hpp>
 #include <tessera/ops/conv.hpp>
 #include <tessera/ops/linalg.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>
@@ -68,19 +68,7 @@ DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DTy
 // The operand detached, in its compute dtype, contiguous.
 Tensor compute_copy(const Tensor& t) { return t.detach().to(compute_dtype(t.dtype())).contiguous(); }
 
-// Row-major C = alpha * op(A) op(B) + beta * C.
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
-}
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
-          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
-}
+using detail::gemm;
 
 // "L", "H, W", "D, H, W" and the kernel's "K", "KH, KW", "KD, KH, KW".
 const char* spatial_names(int spatial) { return spatial == 1 ? "L" : spatial == 2 ? "H, W" : "D, H, W"; }
