@@ -28,3 +28,4 @@
 #include <tessera/spec/spec_mesh.hpp>
 #include <tessera/domain/halo.hpp>
 #include <tessera/domain/scatter.hpp>
+#include <tessera/domain/spatial.hpp>

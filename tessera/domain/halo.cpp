@@ -1,6 +1,7 @@
 // halo_exchange: every rank works out, from the layout alone, which global rows each piece's
 // widened block needs and which piece holds each; then one all_to_all_v moves exactly those rows.
 #include <tessera/domain/halo.hpp>
+#include <tessera/domain/detail/halo_local.hpp>
 
 #include <algorithm>
 #include <memory>
@@ -71,9 +72,8 @@ std::vector<Run> runs_of(const std::vector<int64_t>& starts, int64_t q, int64_t 
   return runs;
 }
 
-HaloPlan plan_halo(const DTensor& x, int64_t dim, int64_t left, int64_t right, HaloPadding pad) {
-  const Layout& layout = x.layout();
-  const DeviceMesh& mesh = x.device_mesh();
+HaloPlan plan_halo(const Layout& layout, const DeviceMesh& mesh, int64_t dim, int64_t left, int64_t right,
+                   HaloPadding pad) {
   const MeshSpec& spec = mesh.spec();
   HaloPlan plan;
   const auto& pieces = layout.piece_sizes(dim);
@@ -216,7 +216,13 @@ void move_rows(const HaloPlan& plan, const Tensor& from, Tensor& to, int64_t dim
 
 Tensor halo_exchange(const DTensor& x, int64_t dim, int64_t left, int64_t right, HaloPadding pad) {
   TESSERA_CHECK(x.defined(), ShardingError, "halo_exchange", "undefined DTensor");
-  const Layout& layout = x.layout();
+  return detail::halo_exchange_local(x.to_local(), x.layout(), x.device_mesh(), dim, left, right, pad);
+}
+
+namespace detail {
+
+Tensor halo_exchange_local(const Tensor& local, const Layout& layout, const DeviceMesh& mesh, int64_t dim, int64_t left,
+                           int64_t right, HaloPadding pad) {
   TESSERA_CHECK(dim >= -layout.ndim() && dim < layout.ndim(), ShardingError, "halo_exchange", "dim ", dim,
                 " is out of range for ", layout.to_string());
   if (dim < 0) dim += layout.ndim();
@@ -224,10 +230,14 @@ Tensor halo_exchange(const DTensor& x, int64_t dim, int64_t left, int64_t right,
                 right, " must be >= 0 (", layout.to_string(), ")");
   TESSERA_CHECK(!layout.has_partial(), ShardingError, "halo_exchange", layout.to_string(),
                 " holds a Partial: its rows are not values yet; redistribute the Partial mesh dims first");
-  TESSERA_CHECK(x.device_mesh().is_member(), ShardingError, "halo_exchange", "world rank ", rank(), " is not in ",
-                x.device_mesh().to_string(), " holding ", layout.to_string());
-  const auto plan = std::make_shared<const HaloPlan>(plan_halo(x, dim, left, right, pad));
-  const Tensor block = x.to_local().detach().contiguous();
+  TESSERA_CHECK(mesh.is_member(), ShardingError, "halo_exchange", "world rank ", rank(), " is not in ",
+                mesh.to_string(), " holding ", layout.to_string());
+  TESSERA_CHECK(local.defined() && local.ndim() == layout.ndim() &&
+                    local.shape()[dim] == layout.local_shape(mesh.coordinate())[dim],
+                ShardingError, "halo_exchange", "the local ", local.defined() ? local.shape().to_string() : "(undefined)",
+                " is not this rank's rows along dim ", dim, " of ", layout.to_string());
+  const auto plan = std::make_shared<const HaloPlan>(plan_halo(layout, mesh, dim, left, right, pad));
+  const Tensor block = local.detach().contiguous();
   Tensor out;
   {
     autograd::NoGradGuard no_grad;
@@ -236,15 +246,15 @@ Tensor halo_exchange(const DTensor& x, int64_t dim, int64_t left, int64_t right,
     out = empty(Shape(shape), block.dtype());
     move_rows(*plan, block, out, dim, /*backward=*/false);
   }
-  if (autograd::needs_grad<DTensor>({&x}))
-    autograd::record<Tensor, DTensor>(
-        "halo_exchange", out, {&x},
-        [plan, dim, mesh = x.device_mesh(), layout, local_shape = block.shape()](const Tensor& g) {
-          Tensor grad = zeros(local_shape, g.dtype());
-          move_rows(*plan, g.contiguous(), grad, dim, /*backward=*/true);
-          return std::vector<DTensor>{DTensor(grad, mesh, layout)};
-        });
+  if (autograd::needs_grad<Tensor>({&local}))
+    autograd::record<Tensor>("halo_exchange", out, {&local}, [plan, dim, local_shape = block.shape()](const Tensor& g) {
+      Tensor grad = zeros(local_shape, g.dtype());
+      move_rows(*plan, g.contiguous(), grad, dim, /*backward=*/true);
+      return std::vector<Tensor>{grad};
+    });
   return out;
 }
+
+}  // namespace detail
 
 }  // namespace tessera

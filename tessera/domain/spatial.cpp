@@ -1,0 +1,179 @@
+// Sharded convolution: every rank computes, from the layout alone, which outputs each piece
+// owns and which input rows they read; the halos bring the missing rows, the local kernel
+// does the rest.
+#include <tessera/domain/spatial.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include <tessera/core/error.hpp>
+#include <tessera/domain/detail/halo_local.hpp>
+#include <tessera/ops/conv.hpp>
+#include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/shape_ops.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+namespace tessera {
+
+namespace {
+
+// One value per spatial dim (a single value applies to all), as torch's int-or-tuple arguments.
+std::vector<int64_t> per_dim(const char* call, const char* what, std::vector<int64_t> v, int64_t spatial) {
+  if (v.size() == 1) v.assign(static_cast<size_t>(spatial), v.front());
+  TESSERA_CHECK(static_cast<int64_t>(v.size()) == spatial, ValueError, call, what, " has ", v.size(),
+                " values for ", spatial, " spatial dims; give 1 or ", spatial);
+  return v;
+}
+
+// Along one sharded spatial dim: the outputs each piece owns and the input rows they read.
+struct DimPlan {
+  std::vector<int64_t> out_begin, out_end;    // per piece: its outputs [begin, end)
+  std::vector<int64_t> need_begin, need_end;  // per piece: the input rows they read
+  int64_t left = 0, right = 0;                // halo widths covering every piece's need
+};
+
+DimPlan plan_dim(const Layout& layout, int64_t dim, int64_t kernel, int64_t stride, int64_t padding,
+                 int64_t dilation, const char* call) {
+  const int64_t length = layout.global_shape()[dim];
+  const int64_t extent = dilation * (kernel - 1) + 1;
+  TESSERA_CHECK(length + 2 * padding >= extent, ValueError, call, "spatial dim ", dim, " of ", length,
+                " rows (padding ", padding, ") is shorter than the kernel's extent ", extent, " (",
+                layout.to_string(), ")");
+  const int64_t outputs = (length + 2 * padding - extent) / stride + 1;
+  const auto& pieces = layout.piece_sizes(dim);
+  std::vector<int64_t> starts(pieces.size() + 1, 0);
+  for (size_t p = 0; p < pieces.size(); ++p) starts[p + 1] = starts[p] + pieces[p];
+  DimPlan plan;
+  // Output o belongs to the piece holding its window's centre (outputs stay with their rows).
+  int64_t o = 0;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    const int64_t begin = o;
+    while (o < outputs) {
+      const int64_t centre = std::clamp<int64_t>(o * stride - padding + (extent - 1) / 2, 0, length - 1);
+      if (centre >= starts[p + 1] && p + 1 < pieces.size()) break;
+      ++o;
+    }
+    plan.out_begin.push_back(begin);
+    plan.out_end.push_back(o);
+    const bool any = o > begin;
+    const int64_t need_begin = any ? begin * stride - padding : starts[p];
+    const int64_t need_end = any ? (o - 1) * stride - padding + extent : starts[p];
+    plan.need_begin.push_back(need_begin);
+    plan.need_end.push_back(need_end);
+    plan.left = std::max(plan.left, starts[p] - need_begin);
+    plan.right = std::max(plan.right, need_end - starts[p + 1]);
+  }
+  return plan;
+}
+
+// This rank's piece index along a sharded dim (mixed radix over the shard order).
+int64_t my_piece(const Layout& layout, const DeviceMesh& mesh, int64_t dim) {
+  const auto coordinate = mesh.coordinate();
+  int64_t piece = 0;
+  for (int64_t m : layout.shard_order(dim)) piece = piece * mesh.size(m) + coordinate[static_cast<size_t>(m)];
+  return piece;
+}
+
+DTensor replicated(const DTensor& t) {
+  if (t.layout().is_replicated()) return t;
+  return t.redistribute(Placements(t.placements().size(), Replicate{}));
+}
+
+DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DTensor& weight_in,
+                const std::optional<DTensor>& bias_in, std::vector<int64_t> stride, std::vector<int64_t> padding,
+                std::vector<int64_t> dilation, int64_t groups) {
+  TESSERA_CHECK(x_in.defined() && weight_in.defined(), ShardingError, call, "undefined input or weight");
+  TESSERA_CHECK(x_in.ndim() == spatial + 2, ValueError, call, "input ", x_in.layout().to_string(), " is not [N, C, ",
+                spatial, " spatial dims]");
+  const MeshSpec& spec = x_in.layout().mesh();
+  TESSERA_CHECK(weight_in.layout().mesh() == spec && (!bias_in || bias_in->layout().mesh() == spec), ShardingError,
+                call, "weight ", weight_in.layout().to_string(), bias_in ? " and bias " + bias_in->layout().to_string() : "",
+                " are not on the input's mesh ", spec.to_string());
+  stride = per_dim(call, "stride", std::move(stride), spatial);
+  padding = per_dim(call, "padding", std::move(padding), spatial);
+  dilation = per_dim(call, "dilation", std::move(dilation), spatial);
+  // Channels whole and no pending reduction: channel-sharded or Partial mesh dims replicate.
+  Placements placements = x_in.placements();
+  bool moves = false;
+  for (auto& p : placements)
+    if (is_partial(p) || is_shard(p, 1)) p = Replicate{}, moves = true;
+  const DTensor x = moves ? x_in.redistribute(placements) : x_in;
+  const DTensor weight = replicated(weight_in);
+  const std::optional<DTensor> bias = bias_in ? std::optional<DTensor>(replicated(*bias_in)) : std::nullopt;
+  const Layout& layout = x.layout();
+  const DeviceMesh& mesh = x.device_mesh();
+  TESSERA_CHECK(mesh.is_member(), ShardingError, call, "world rank ", rank(), " is not in ", mesh.to_string());
+  // The parameters' gradients add up over the mesh dims that split the input's rows.
+  Placements parameter_grad(placements.size(), Replicate{});
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (is_shard(placements[m])) parameter_grad[m] = Partial{};
+  const Tensor w = weight.to_local(parameter_grad);
+  const std::optional<Tensor> b = bias ? std::optional<Tensor>(bias->to_local(parameter_grad)) : std::nullopt;
+  // Widen the block along each sharded spatial dim in turn, then cut it to the rows this rank's
+  // outputs read; the local convolution then pads only the unsharded dims.
+  Tensor local = x.to_local();
+  std::vector<int64_t> local_padding = padding;
+  Shape out_shape = layout.global_shape();
+  out_shape[1] = weight.shape()[0];
+  ShardSizes out_sizes;
+  std::vector<int64_t> empty_dims;  // sharded dims along which this rank owns no outputs
+  for (int64_t i = 0; i < spatial; ++i) {
+    const int64_t d = 2 + i;
+    const size_t k = static_cast<size_t>(i);
+    const int64_t kernel = weight.shape()[d];
+    const DimPlan plan = plan_dim(layout, d, kernel, stride[k], padding[k], dilation[k], call);
+    out_shape[d] = plan.out_end.back();
+    if (layout.shard_order(d).empty()) continue;
+    const int64_t me = my_piece(layout, mesh, d);
+    const int64_t begin = layout.block(mesh.coordinate()).begin[d];
+    const Tensor widened = detail::halo_exchange_local(local, layout, mesh, d, plan.left, plan.right, HaloPadding::zeros);
+    const size_t p = static_cast<size_t>(me);
+    local = widened.narrow(d, plan.need_begin[p] - (begin - plan.left), plan.need_end[p] - plan.need_begin[p]);
+    local_padding[k] = 0;
+    std::vector<int64_t> sizes;
+    for (size_t q = 0; q < plan.out_begin.size(); ++q) sizes.push_back(plan.out_end[q] - plan.out_begin[q]);
+    if (sizes[p] == 0) empty_dims.push_back(d);
+    std::vector<int64_t> splits;
+    for (int64_t m : layout.shard_order(d)) splits.push_back(mesh.size(m));
+    if (sizes != chunk_sizes(out_shape[d], splits))  // explicit only where chunk semantics differ
+      out_sizes[d] = std::move(sizes);
+  }
+  if (layout.has_explicit_sizes(0)) out_sizes[0] = layout.piece_sizes(0);
+  ShardOrder order;
+  for (int64_t d = 0; d < layout.ndim(); ++d)
+    if (layout.shard_order(d).size() > 1) order[d] = layout.shard_order(d);
+  const Layout out_layout(out_shape, layout.dtype(), spec, placements, order, out_sizes);
+  // A rank without outputs along a dim still runs the same graph as the others (their backward
+  // reduces the parameters' gradients in the order the graph gives, so every rank's graph must
+  // have one shape): it convolves one window of zeros and keeps none of the result.
+  for (int64_t d : empty_dims) {
+    Shape window = local.shape();
+    window[d] = dilation[static_cast<size_t>(d - 2)] * (weight.shape()[d] - 1) + 1;
+    local = cat({local, zeros(window, local.dtype())}, d);
+  }
+  using LocalConv = Tensor (*)(const Tensor&, const Tensor&, const std::optional<Tensor>&, std::vector<int64_t>,
+                               std::vector<int64_t>, std::vector<int64_t>, int64_t);
+  const LocalConv conv = spatial == 1   ? static_cast<LocalConv>(conv1d)
+                         : spatial == 2 ? static_cast<LocalConv>(conv2d)
+                                        : static_cast<LocalConv>(conv3d);
+  Tensor out = conv(local, w, b, stride, local_padding, dilation, groups);
+  for (int64_t d : empty_dims) out = out.narrow(d, 0, 0);
+  return DTensor(out, mesh, out_layout);
+}
+
+}  // namespace
+
+DTensor conv1d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias, std::vector<int64_t> stride,
+               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
+  return conv_nd("conv1d", 1, x, weight, bias, std::move(stride), std::move(padding), std::move(dilation), groups);
+}
+DTensor conv2d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias, std::vector<int64_t> stride,
+               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
+  return conv_nd("conv2d", 2, x, weight, bias, std::move(stride), std::move(padding), std::move(dilation), groups);
+}
+DTensor conv3d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias, std::vector<int64_t> stride,
+               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
+  return conv_nd("conv3d", 3, x, weight, bias, std::move(stride), std::move(padding), std::move(dilation), groups);
+}
+
+}  // namespace tessera

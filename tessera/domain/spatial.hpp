@@ -1,0 +1,34 @@
+#pragma once
+// Convolution on DTensors whose spatial dims are sharded (PhysicsNeMo ShardTensor's domain
+// parallelism): each rank convolves its block widened by exactly the halo rows its outputs
+// need, so no rank ever holds the whole grid.
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include <tessera/core/export.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+
+namespace tessera TESSERA_API {
+
+/// torch's conv1d / conv2d / conv3d on a DTensor x [N, C, spatial...] with weight
+/// [O, C/groups, kernel...] and bias [O]. Any mesh dim may shard the batch or a spatial dim (one
+/// mesh dim or several, uneven and empty pieces); the rest is made Replicate first (a channel-
+/// sharded x, a sharded or Partial weight: planned redistributions). Each sharded spatial dim's
+/// outputs go to the piece holding their window's centre, so "same" convolutions keep the
+/// pieces; the output keeps x's sharding with explicit sizes where strides make pieces uneven.
+/// Halos come from halo_exchange (zeros beyond the edges: the convolution's zero padding), one
+/// dim after another, so corners travel too. Differentiable; the weight's and bias's gradients
+/// sum over the pieces. Communicates. Throws ValueError as the local convolution does, and
+/// ShardingError naming the layouts for a mesh mismatch.
+DTensor conv1d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias = std::nullopt,
+               std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
+               std::vector<int64_t> dilation = {1}, int64_t groups = 1);
+DTensor conv2d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias = std::nullopt,
+               std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
+               std::vector<int64_t> dilation = {1}, int64_t groups = 1);
+DTensor conv3d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias = std::nullopt,
+               std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
+               std::vector<int64_t> dilation = {1}, int64_t groups = 1);
+
+}  // namespace tessera

@@ -1,0 +1,139 @@
+// Sharded convolution equals the unsharded one, values and gradients, over spatial sharding of
+// one and two dims (uneven and empty pieces), batch sharding, strides, paddings, dilations,
+// kernels and groups; and moves only halo rows.
+#include <gtest/gtest.h>
+
+#include <tessera/debug/comm_debug_mode.hpp>
+#include <tessera/domain/spatial.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/ops.hpp>
+
+#include "rank_test_util.hpp"
+#include "sharded_inputs.hpp"
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+
+namespace {
+
+Tensor smooth(const Shape& shape, double seed) {
+  return sin(arange(shape.numel()).to(DType::f64) * 0.37 + seed).reshape(shape);
+}
+
+struct Case {
+  std::vector<int64_t> kernel;
+  int64_t stride, padding, dilation, groups;
+  bool bias;
+};
+
+// conv on full tensors and on x laid out by `placements`, compared in value and gradient.
+void expect_same_conv(const DeviceMesh& mesh, const Placements& placements, const Shape& x_shape, const Case& c) {
+  const int64_t channels = x_shape[1], out_channels = 2 * c.groups;
+  std::vector<int64_t> w_shape{out_channels, channels / c.groups};
+  w_shape.insert(w_shape.end(), c.kernel.begin(), c.kernel.end());
+  const Tensor x = smooth(x_shape, 0.1), w = smooth(Shape(w_shape), 0.5), b = smooth({out_channels}, 0.9);
+  const int64_t spatial = x_shape.size() - 2;
+  using LocalConv = Tensor (*)(const Tensor&, const Tensor&, const std::optional<Tensor>&, std::vector<int64_t>,
+                               std::vector<int64_t>, std::vector<int64_t>, int64_t);
+  const LocalConv local_conv = spatial == 1   ? static_cast<LocalConv>(conv1d)
+                               : spatial == 2 ? static_cast<LocalConv>(conv2d)
+                                              : static_cast<LocalConv>(conv3d);
+  Tensor xr = x.clone(), wr = w.clone(), br = b.clone();
+  xr.requires_grad_();
+  wr.requires_grad_();
+  br.requires_grad_();
+  const Tensor expected = local_conv(xr, wr, c.bias ? std::optional<Tensor>(br) : std::nullopt, {c.stride}, {c.padding},
+                                     {c.dilation}, c.groups);
+  const Tensor r = smooth(expected.shape(), 1.3);
+  sum(expected * r).backward();
+
+  const Placements replicate(static_cast<size_t>(mesh.ndim()), Replicate{});
+  DTensor xd = distribute_tensor(x, mesh, placements), wd = distribute_tensor(w, mesh, replicate),
+          bd = distribute_tensor(b, mesh, replicate);
+  xd.requires_grad_();
+  wd.requires_grad_();
+  bd.requires_grad_();
+  using ShardedConv = DTensor (*)(const DTensor&, const DTensor&, const std::optional<DTensor>&, std::vector<int64_t>,
+                                  std::vector<int64_t>, std::vector<int64_t>, int64_t);
+  const ShardedConv sharded_conv = spatial == 1   ? static_cast<ShardedConv>(conv1d)
+                                   : spatial == 2 ? static_cast<ShardedConv>(conv2d)
+                                                  : static_cast<ShardedConv>(conv3d);
+  const DTensor y = sharded_conv(xd, wd, c.bias ? std::optional<DTensor>(bd) : std::nullopt, {c.stride}, {c.padding},
+                                 {c.dilation}, c.groups);
+  std::string what = to_string(placements) + " x " + x_shape.to_string() + " stride " + std::to_string(c.stride) +
+                     " padding " + std::to_string(c.padding) + " dilation " + std::to_string(c.dilation) + " groups " +
+                     std::to_string(c.groups);
+  // The spatial sharding is kept.
+  for (size_t m = 0; m < placements.size(); ++m)
+    if (is_shard(placements[m]) && !is_shard(placements[m], 1)) {  // channels are gathered
+      EXPECT_TRUE(is_shard(y.placements()[m])) << what;
+    }
+  EXPECT_TRUE(allclose(y.full_tensor(), expected, 1e-10, 1e-10)) << what;
+  sum(y * distribute_tensor(r, mesh, replicate).redistribute(mesh, y.layout())).backward();
+  EXPECT_TRUE(allclose(xd.grad().full_tensor(), xr.grad(), 1e-10, 1e-10)) << what << " (input gradient)";
+  EXPECT_TRUE(allclose(wd.grad().full_tensor(), wr.grad(), 1e-10, 1e-10)) << what << " (weight gradient)";
+  if (c.bias) {
+    EXPECT_TRUE(allclose(bd.grad().full_tensor(), br.grad(), 1e-10, 1e-10)) << what << " (bias gradient)";
+  }
+}
+
+const std::vector<Case>& cases_2d() {
+  static const std::vector<Case> cases{
+      {{3, 3}, 1, 1, 1, 1, true},  {{3, 3}, 1, 0, 1, 1, false}, {{3, 3}, 2, 1, 1, 1, true},
+      {{5, 3}, 1, 2, 1, 2, true},  {{3, 3}, 1, 2, 2, 1, false}, {{1, 1}, 1, 0, 1, 1, true},
+      {{4, 2}, 3, 1, 1, 1, true},
+  };
+  return cases;
+}
+
+}  // namespace
+
+TEST(ShardedConv, OneSpatialDimShardedUnevenly) {
+  for_each_world({2, 3, 4}, [] {
+    const DeviceMesh mesh = line_mesh();
+    for (const Case& c : cases_2d())
+      for (int64_t h : {int64_t{11}, int64_t{3 * world_size()}}) {
+        expect_same_conv(mesh, {Shard{2}}, {2, 4, h, 7}, c);
+        expect_same_conv(mesh, {Shard{3}}, {1, 2, 5, h}, c);
+      }
+  });
+}
+
+TEST(ShardedConv, TwoSpatialDimsAsTilesAndBatchSharding) {
+  for_each_world({4}, [] {
+    if (world_size() != 4) return;
+    const DeviceMesh mesh({2, 2}, {"a", "b"});
+    for (const Case& c : cases_2d()) {
+      expect_same_conv(mesh, {Shard{2}, Shard{3}}, {1, 2, 9, 10}, c);   // 2x2 spatial tiles (corners)
+      expect_same_conv(mesh, {Shard{0}, Shard{2}}, {3, 2, 8, 6}, c);    // batch x rows
+      expect_same_conv(mesh, {Shard{2}, Shard{2}}, {1, 2, 13, 5}, c);   // rows split twice
+      expect_same_conv(mesh, {Shard{1}, Shard{3}}, {1, 4, 6, 11}, c);   // channels gathered first
+    }
+  });
+}
+
+TEST(ShardedConv, OneAndThreeSpatialDims) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh = line_mesh();
+    for (const Case& c : {Case{{3}, 1, 1, 1, 1, true}, Case{{5}, 2, 2, 1, 1, true}, Case{{3}, 1, 0, 3, 1, false}})
+      expect_same_conv(mesh, {Shard{2}}, {2, 2, 17}, c);
+    for (const Case& c : {Case{{3, 3, 3}, 1, 1, 1, 1, true}, Case{{3, 1, 3}, 2, 1, 1, 1, false}})
+      expect_same_conv(mesh, {Shard{2}}, {1, 2, 7, 4, 5}, c);
+  });
+}
+
+TEST(ShardedConv, MovesOnlyHaloRows) {
+  for_each_world({4}, [] {
+    const DeviceMesh mesh = line_mesh();
+    const int64_t rows = 64, cols = 32, channels = 8;
+    const DTensor x = distribute_tensor(data({1, channels, rows, cols}, 1), mesh, {Shard{2}});
+    const DTensor w = distribute_tensor(data({channels, channels, 3, 3}, 2), mesh, {Replicate{}});
+    CommDebugMode debug;
+    conv2d(x, w, std::nullopt, {1}, {1});
+    // A 3x3 "same" convolution needs one row from each neighbour; the edges get zeros.
+    const int r = rank(), n = world_size();
+    const int64_t halo_rows = (r > 0 ? 1 : 0) + (r < n - 1 ? 1 : 0);
+    EXPECT_EQ(debug.total_bytes_received(), halo_rows * channels * cols * 4);
+  });
+}
