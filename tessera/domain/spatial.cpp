@@ -4,6 +4,7 @@
 #include <tessera/domain/spatial.hpp>
 
 #include <algorithm>
+#include <limits>
 #include <string>
 
 #include <tessera/core/error.hpp>
@@ -79,6 +80,85 @@ DTensor replicated(const DTensor& t) {
   return t.redistribute(Placements(t.placements().size(), Replicate{}));
 }
 
+// What a window op (convolution, pooling) runs on locally: this rank's block widened by the halo
+// rows its outputs read (one sharded spatial dim after another, so corners come along) and cut
+// to them, the padding left for the local op (the unsharded dims'), and the output layout.
+struct Windows {
+  Tensor local;
+  std::vector<int64_t> local_padding;
+  Layout out_layout;
+  // Sharded dims along which this rank owns no outputs. It still runs the op, on one window of
+  // padding, and keeps none of the result: every rank's graph must have one shape, since the
+  // backward's collectives (halos, parameter gradients) run in the order the graph gives.
+  std::vector<int64_t> empty_dims;
+
+  DTensor finish(Tensor out, const DeviceMesh& mesh) const {
+    for (int64_t d : empty_dims) out = out.narrow(d, 0, 0);
+    return DTensor(out, mesh, out_layout);
+  }
+};
+
+std::vector<int64_t> kernel_of(const DTensor& weight, int64_t spatial) {
+  return std::vector<int64_t>(weight.shape().end() - spatial, weight.shape().end());
+}
+
+// `fill`: the value beyond the domain's edges (zeros come with the halo; max pooling's -inf is
+// written over them).
+Windows windows(const char* call, const DTensor& x, int64_t spatial, const std::vector<int64_t>& kernel,
+                const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                const std::vector<int64_t>& dilation, int64_t out_channels, std::optional<double> fill) {
+  const Layout& layout = x.layout();
+  const DeviceMesh& mesh = x.device_mesh();
+  TESSERA_CHECK(mesh.is_member(), ShardingError, call, "world rank ", rank(), " is not in ", mesh.to_string());
+  Tensor local = x.to_local();
+  std::vector<int64_t> local_padding = padding;
+  Shape out_shape = layout.global_shape();
+  out_shape[1] = out_channels;
+  ShardSizes out_sizes;
+  std::vector<int64_t> empty_dims;
+  for (int64_t i = 0; i < spatial; ++i) {
+    const int64_t d = 2 + i;
+    const size_t k = static_cast<size_t>(i);
+    const DimPlan plan = plan_dim(layout, d, kernel[k], stride[k], padding[k], dilation[k], call);
+    out_shape[d] = plan.out_end.back();
+    if (layout.shard_order(d).empty()) continue;
+    const size_t p = static_cast<size_t>(my_piece(layout, mesh, d));
+    const int64_t begin = layout.block(mesh.coordinate()).begin[d];
+    const Tensor widened = detail::halo_exchange_local(local, layout, mesh, d, plan.left, plan.right, HaloPadding::zeros);
+    const int64_t first = plan.need_begin[p], count = plan.need_end[p] - plan.need_begin[p];
+    local = widened.narrow(d, first - (begin - plan.left), count);
+    if (fill) {
+      // Rows beyond the domain's edges hold the fill value instead of the halo's zeros.
+      std::vector<int64_t> mask_shape(static_cast<size_t>(local.ndim()), 1);
+      mask_shape[static_cast<size_t>(d)] = count;
+      const Tensor rows = arange(static_cast<double>(first), static_cast<double>(first + count), 1.0, DType::f64);
+      const Tensor outside = logical_or(lt(rows, 0.0), ge(rows, static_cast<double>(layout.global_shape()[d])));
+      local = masked_fill(local, outside.reshape(Shape(mask_shape)), *fill);
+    }
+    local_padding[k] = 0;
+    std::vector<int64_t> sizes;
+    for (size_t q = 0; q < plan.out_begin.size(); ++q) sizes.push_back(plan.out_end[q] - plan.out_begin[q]);
+    if (sizes[p] == 0) empty_dims.push_back(d);
+    std::vector<int64_t> splits;
+    for (int64_t m : layout.shard_order(d)) splits.push_back(mesh.size(m));
+    if (sizes != chunk_sizes(out_shape[d], splits))  // explicit only where chunk semantics differ
+      out_sizes[d] = std::move(sizes);
+  }
+  for (int64_t d : {int64_t{0}, int64_t{1}})
+    if (layout.has_explicit_sizes(d) && out_shape[d] == layout.global_shape()[d]) out_sizes[d] = layout.piece_sizes(d);
+  ShardOrder order;
+  for (int64_t d = 0; d < layout.ndim(); ++d)
+    if (layout.shard_order(d).size() > 1) order[d] = layout.shard_order(d);
+  Windows out{local, local_padding, Layout(out_shape, layout.dtype(), layout.mesh(), layout.placements(), order, out_sizes),
+              empty_dims};
+  for (int64_t d : empty_dims) {
+    Shape window = out.local.shape();
+    window[d] = dilation[static_cast<size_t>(d - 2)] * (kernel[static_cast<size_t>(d - 2)] - 1) + 1;
+    out.local = cat({out.local, full(window, fill.value_or(0.0), out.local.dtype())}, d);
+  }
+  return out;
+}
+
 DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DTensor& weight_in,
                 const std::optional<DTensor>& bias_in, std::vector<int64_t> stride, std::vector<int64_t> padding,
                 std::vector<int64_t> dilation, int64_t groups) {
@@ -109,59 +189,45 @@ DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DT
     if (is_shard(placements[m])) parameter_grad[m] = Partial{};
   const Tensor w = weight.to_local(parameter_grad);
   const std::optional<Tensor> b = bias ? std::optional<Tensor>(bias->to_local(parameter_grad)) : std::nullopt;
-  // Widen the block along each sharded spatial dim in turn, then cut it to the rows this rank's
-  // outputs read; the local convolution then pads only the unsharded dims.
-  Tensor local = x.to_local();
-  std::vector<int64_t> local_padding = padding;
-  Shape out_shape = layout.global_shape();
-  out_shape[1] = weight.shape()[0];
-  ShardSizes out_sizes;
-  std::vector<int64_t> empty_dims;  // sharded dims along which this rank owns no outputs
-  for (int64_t i = 0; i < spatial; ++i) {
-    const int64_t d = 2 + i;
-    const size_t k = static_cast<size_t>(i);
-    const int64_t kernel = weight.shape()[d];
-    const DimPlan plan = plan_dim(layout, d, kernel, stride[k], padding[k], dilation[k], call);
-    out_shape[d] = plan.out_end.back();
-    if (layout.shard_order(d).empty()) continue;
-    const int64_t me = my_piece(layout, mesh, d);
-    const int64_t begin = layout.block(mesh.coordinate()).begin[d];
-    const Tensor widened = detail::halo_exchange_local(local, layout, mesh, d, plan.left, plan.right, HaloPadding::zeros);
-    const size_t p = static_cast<size_t>(me);
-    local = widened.narrow(d, plan.need_begin[p] - (begin - plan.left), plan.need_end[p] - plan.need_begin[p]);
-    local_padding[k] = 0;
-    std::vector<int64_t> sizes;
-    for (size_t q = 0; q < plan.out_begin.size(); ++q) sizes.push_back(plan.out_end[q] - plan.out_begin[q]);
-    if (sizes[p] == 0) empty_dims.push_back(d);
-    std::vector<int64_t> splits;
-    for (int64_t m : layout.shard_order(d)) splits.push_back(mesh.size(m));
-    if (sizes != chunk_sizes(out_shape[d], splits))  // explicit only where chunk semantics differ
-      out_sizes[d] = std::move(sizes);
-  }
-  if (layout.has_explicit_sizes(0)) out_sizes[0] = layout.piece_sizes(0);
-  ShardOrder order;
-  for (int64_t d = 0; d < layout.ndim(); ++d)
-    if (layout.shard_order(d).size() > 1) order[d] = layout.shard_order(d);
-  const Layout out_layout(out_shape, layout.dtype(), spec, placements, order, out_sizes);
-  // A rank without outputs along a dim still runs the same graph as the others (their backward
-  // reduces the parameters' gradients in the order the graph gives, so every rank's graph must
-  // have one shape): it convolves one window of zeros and keeps none of the result.
-  for (int64_t d : empty_dims) {
-    Shape window = local.shape();
-    window[d] = dilation[static_cast<size_t>(d - 2)] * (weight.shape()[d] - 1) + 1;
-    local = cat({local, zeros(window, local.dtype())}, d);
-  }
+  Windows win = windows(call, x, spatial, kernel_of(weight, spatial), stride, padding, dilation, weight.shape()[0],
+                        std::nullopt);
   using LocalConv = Tensor (*)(const Tensor&, const Tensor&, const std::optional<Tensor>&, std::vector<int64_t>,
                                std::vector<int64_t>, std::vector<int64_t>, int64_t);
   const LocalConv conv = spatial == 1   ? static_cast<LocalConv>(conv1d)
                          : spatial == 2 ? static_cast<LocalConv>(conv2d)
                                         : static_cast<LocalConv>(conv3d);
-  Tensor out = conv(local, w, b, stride, local_padding, dilation, groups);
-  for (int64_t d : empty_dims) out = out.narrow(d, 0, 0);
-  return DTensor(out, mesh, out_layout);
+  return win.finish(conv(win.local, w, b, stride, win.local_padding, dilation, groups), mesh);
+}
+
+DTensor pool2d(const char* call, const DTensor& x_in, std::vector<int64_t> kernel, std::vector<int64_t> stride,
+               std::vector<int64_t> padding, bool max) {
+  TESSERA_CHECK(x_in.defined(), ShardingError, call, "undefined input");
+  TESSERA_CHECK(x_in.ndim() == 4, ValueError, call, "input ", x_in.layout().to_string(), " is not [N, C, H, W]");
+  kernel = per_dim(call, "kernel", std::move(kernel), 2);
+  stride = stride.empty() ? kernel : per_dim(call, "stride", std::move(stride), 2);
+  padding = per_dim(call, "padding", std::move(padding), 2);
+  Placements placements = x_in.placements();
+  bool moves = false;
+  for (auto& p : placements)
+    if (is_partial(p)) p = Replicate{}, moves = true;
+  const DTensor x = moves ? x_in.redistribute(placements) : x_in;
+  const auto fill = max ? std::optional<double>(-std::numeric_limits<double>::infinity()) : std::nullopt;
+  Windows win = windows(call, x, 2, kernel, stride, padding, {1, 1}, x.shape()[1], fill);
+  const Tensor out = max ? tessera::max_pool2d(win.local, kernel, stride, win.local_padding)
+                         : tessera::avg_pool2d(win.local, kernel, stride, win.local_padding);
+  return win.finish(out, x.device_mesh());
 }
 
 }  // namespace
+
+DTensor max_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                   std::vector<int64_t> padding) {
+  return pool2d("max_pool2d", x, std::move(kernel), std::move(stride), std::move(padding), true);
+}
+DTensor avg_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride,
+                   std::vector<int64_t> padding) {
+  return pool2d("avg_pool2d", x, std::move(kernel), std::move(stride), std::move(padding), false);
+}
 
 DTensor conv1d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias, std::vector<int64_t> stride,
                std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {

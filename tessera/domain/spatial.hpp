@@ -31,4 +31,14 @@ DTensor conv3d(const DTensor& x, const DTensor& weight, const std::optional<DTen
                std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
                std::vector<int64_t> dilation = {1}, int64_t groups = 1);
 
+/// torch's max_pool2d / avg_pool2d (count_include_pad, as torch's default) on a DTensor x
+/// [N, C, H, W] whose batch, channels, H and W may be sharded (a Partial is reduced first).
+/// Outputs are placed and halos fetched as for conv2d; max pooling sees -inf beyond the edges,
+/// average pooling zeros. Differentiable. Communicates. Throws ValueError as the local pooling
+/// does.
+DTensor max_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
+                   std::vector<int64_t> padding = {0});
+DTensor avg_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
+                   std::vector<int64_t> padding = {0});
+
 }  // namespace tessera

@@ -137,3 +137,44 @@ TEST(ShardedConv, MovesOnlyHaloRows) {
     EXPECT_EQ(debug.total_bytes_received(), halo_rows * channels * cols * 4);
   });
 }
+
+namespace {
+
+void expect_same_pool(const DeviceMesh& mesh, const Placements& placements, const Shape& shape,
+                      const std::vector<int64_t>& kernel, const std::vector<int64_t>& stride,
+                      const std::vector<int64_t>& padding) {
+  const Tensor x = smooth(shape, 0.2);
+  for (bool max : {true, false}) {
+    Tensor xr = x.clone();
+    xr.requires_grad_();
+    const Tensor expected = max ? max_pool2d(xr, kernel, stride, padding) : avg_pool2d(xr, kernel, stride, padding);
+    const Tensor r = smooth(expected.shape(), 0.8);
+    sum(expected * r).backward();
+    DTensor xd = distribute_tensor(x, mesh, placements);
+    xd.requires_grad_();
+    const DTensor y = max ? max_pool2d(xd, kernel, stride, padding) : avg_pool2d(xd, kernel, stride, padding);
+    const std::string what = std::string(max ? "max" : "avg") + " pool " + to_string(placements) + " " +
+                             shape.to_string() + " kernel " + std::to_string(kernel[0]) + " stride " +
+                             std::to_string(stride.empty() ? kernel[0] : stride[0]) + " padding " +
+                             std::to_string(padding[0]);
+    EXPECT_TRUE(allclose(y.full_tensor(), expected, 1e-12, 1e-12)) << what;
+    const Placements replicate(static_cast<size_t>(mesh.ndim()), Replicate{});
+    sum(y * distribute_tensor(r, mesh, replicate).redistribute(mesh, y.layout())).backward();
+    EXPECT_TRUE(allclose(xd.grad().full_tensor(), xr.grad(), 1e-12, 1e-12)) << what << " (gradient)";
+  }
+}
+
+}  // namespace
+
+TEST(ShardedPool, MaxAndAveragePoolingOverShardedSpatialDims) {
+  for_each_world({2, 3, 4}, [] {
+    const DeviceMesh mesh = line_mesh();
+    for (const auto& [kernel, stride, padding] :
+         std::vector<std::tuple<std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>>>{
+             {{2}, {}, {0}}, {{3}, {1}, {1}}, {{3}, {2}, {1}}, {{3, 2}, {2, 1}, {1, 0}}, {{5}, {3}, {2}}}) {
+      expect_same_pool(mesh, {Shard{2}}, {2, 3, 13, 8}, kernel, stride, padding);
+      expect_same_pool(mesh, {Shard{3}}, {1, 2, 6, 4 * world_size() + 1}, kernel, stride, padding);
+      expect_same_pool(mesh, {Shard{1}}, {1, 2 * world_size(), 7, 6}, kernel, stride, padding);  // channels stay
+    }
+  });
+}
