@@ -229,6 +229,74 @@ DTensor avg_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<in
   return pool2d("avg_pool2d", x, std::move(kernel), std::move(stride), std::move(padding), false);
 }
 
+DTensor interpolate(const DTensor& x_in, std::vector<int64_t> size, std::string_view mode) {
+  constexpr const char* call = "interpolate";
+  TESSERA_CHECK(x_in.defined(), ShardingError, call, "undefined input");
+  TESSERA_CHECK(x_in.ndim() >= 3, ValueError, call, "input ", x_in.layout().to_string(), " is not [N, C, spatial...]");
+  const int64_t spatial = x_in.ndim() - 2;
+  size = per_dim(call, "size", std::move(size), spatial);
+  TESSERA_CHECK(mode == "nearest" || mode == "bilinear", ValueError, call, "mode '", mode,
+                "' is not one of 'nearest', 'bilinear'");
+  const bool bilinear = mode == "bilinear";
+  Placements placements = x_in.placements();
+  bool moves = false;
+  for (auto& p : placements)
+    if (is_partial(p)) p = Replicate{}, moves = true;
+  const DTensor x = moves ? x_in.redistribute(placements) : x_in;
+  const Layout& layout = x.layout();
+  const DeviceMesh& mesh = x.device_mesh();
+  TESSERA_CHECK(mesh.is_member(), ShardingError, call, "world rank ", rank(), " is not in ", mesh.to_string());
+  Tensor local = x.to_local();
+  Shape out_shape = layout.global_shape();
+  ShardSizes out_sizes;
+  std::vector<int64_t> local_size(size), keep_begin(static_cast<size_t>(spatial), 0), keep_length(size);
+  std::vector<int64_t> sharded;
+  for (int64_t i = 0; i < spatial; ++i) {
+    const int64_t d = 2 + i;
+    const size_t k = static_cast<size_t>(i);
+    const int64_t length = layout.global_shape()[d];
+    out_shape[d] = size[k];
+    if (layout.shard_order(d).empty()) continue;
+    TESSERA_CHECK(length > 0 && size[k] % length == 0, ShardingError, call, "size ", size[k], " along sharded dim ",
+                  d, " is not a whole multiple of its ", length, " rows (", layout.to_string(),
+                  "); each piece must grow by the same factor");
+    const int64_t scale = size[k] / length, rows = local.shape()[d];
+    sharded.push_back(d);
+    keep_length[k] = rows * scale;
+    if (bilinear) {
+      // One row from each side (the edge row repeated beyond the domain, as the op clamps): the
+      // outputs kept read only rows of the widened block, with the same weights as unsharded.
+      local = detail::halo_exchange_local(local, layout, mesh, d, 1, 1, HaloPadding::replicate);
+      local_size[k] = (rows + 2) * scale;
+      keep_begin[k] = scale;
+    } else {
+      // Nearest reads only the piece's own rows. An empty piece interpolates one zero row and
+      // keeps nothing, so its graph has the same shape as the others'.
+      if (rows == 0) {
+        Shape one = local.shape();
+        one[d] = 1;
+        local = cat({local, zeros(one, local.dtype())}, d);
+      }
+      local_size[k] = std::max<int64_t>(rows, 1) * scale;
+    }
+    std::vector<int64_t> pieces = layout.piece_sizes(d), splits;
+    for (auto& p : pieces) p *= scale;
+    for (int64_t m : layout.shard_order(d)) splits.push_back(mesh.size(m));
+    if (pieces != chunk_sizes(size[k], splits)) out_sizes[d] = std::move(pieces);
+  }
+  for (int64_t d : {int64_t{0}, int64_t{1}})
+    if (layout.has_explicit_sizes(d)) out_sizes[d] = layout.piece_sizes(d);
+  ShardOrder order;
+  for (int64_t d = 0; d < layout.ndim(); ++d)
+    if (layout.shard_order(d).size() > 1) order[d] = layout.shard_order(d);
+  Tensor out = tessera::interpolate(local, local_size, mode);
+  for (int64_t d : sharded) {
+    const size_t k = static_cast<size_t>(d - 2);
+    out = out.narrow(d, keep_begin[k], keep_length[k]);
+  }
+  return DTensor(out, mesh, Layout(out_shape, layout.dtype(), layout.mesh(), placements, order, out_sizes));
+}
+
 DTensor conv1d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias, std::vector<int64_t> stride,
                std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
   return conv_nd("conv1d", 1, x, weight, bias, std::move(stride), std::move(padding), std::move(dilation), groups);

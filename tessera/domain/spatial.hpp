@@ -4,6 +4,7 @@
 // need, so no rank ever holds the whole grid.
 #include <cstdint>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include <tessera/core/export.hpp>
@@ -40,5 +41,14 @@ DTensor max_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<in
                    std::vector<int64_t> padding = {0});
 DTensor avg_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
                    std::vector<int64_t> padding = {0});
+
+/// torch's interpolate (nearest, as torch's legacy "nearest"; bilinear with align_corners=False)
+/// to `size` (one value per spatial dim) on a DTensor x [N, C, spatial...]. Along a sharded
+/// spatial dim the size must be a whole multiple s of the dim's length, so each piece grows s
+/// times: nearest moves nothing, bilinear fetches one halo row on each side (the edge row
+/// repeated beyond the domain, as the unsharded op clamps). Differentiable. Communicates for
+/// bilinear. Throws ShardingError naming the dim when a sharded dim's size is not a multiple,
+/// ValueError for an unknown mode or a size of the wrong length.
+DTensor interpolate(const DTensor& x, std::vector<int64_t> size, std::string_view mode = "nearest");
 
 }  // namespace tessera

@@ -178,3 +178,35 @@ TEST(ShardedPool, MaxAndAveragePoolingOverShardedSpatialDims) {
     }
   });
 }
+
+TEST(ShardedInterpolate, NearestAndBilinearGrowEveryPiece) {
+  for_each_world({2, 3, 4}, [] {
+    const DeviceMesh mesh = line_mesh();
+    const int n = world_size();
+    for (const std::string mode : {"nearest", "bilinear"})
+      for (const auto& [placements, shape, size] : std::vector<std::tuple<Placements, Shape, std::vector<int64_t>>>{
+               {{Shard{2}}, {2, 3, 2 * n + 1, 5}, {2 * (2 * n + 1), 7}},
+               {{Shard{3}}, {1, 2, 4, 3 * n - 1}, {9, 3 * (3 * n - 1)}},
+               {{Shard{2}}, {1, 1, n - 1, 4}, {3 * (n - 1), 8}},  // an empty piece
+               {{Shard{1}}, {1, 2 * n, 3, 3}, {6, 5}}}) {          // channels: all local
+        if (shape[2] == 0) continue;
+        const Tensor x = smooth(shape, 0.4);
+        Tensor xr = x.clone();
+        xr.requires_grad_();
+        const Tensor expected = interpolate(xr, size, mode);
+        const Tensor r = smooth(expected.shape(), 0.6);
+        sum(expected * r).backward();
+        DTensor xd = distribute_tensor(x, mesh, placements);
+        xd.requires_grad_();
+        const DTensor y = interpolate(xd, size, mode);
+        const std::string what = mode + " " + to_string(placements) + " " + shape.to_string();
+        EXPECT_TRUE(allclose(y.full_tensor(), expected, 1e-12, 1e-12)) << what;
+        sum(y * distribute_tensor(r, mesh, {Replicate{}}).redistribute(mesh, y.layout())).backward();
+        EXPECT_TRUE(allclose(xd.grad().full_tensor(), xr.grad(), 1e-12, 1e-12)) << what << " (gradient)";
+      }
+    const DTensor x = distribute_tensor(smooth({1, 1, 2 * n, 3}, 0.1), mesh, {Shard{2}});
+    EXPECT_TRUE(sharding_error([&] { interpolate(x, {2 * n + 1, 3}, "nearest"); },
+                               {"[interpolate]", "is not a whole multiple"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { interpolate(x, {4 * n, 6}, "bicubic"); }, {"[interpolate]", "bicubic"}));
+  });
+}
