@@ -2,8 +2,8 @@
 # Targets are phony and re-entrant: running one again is an incremental build.
 #
 #   make demo                        install missing deps, build, run examples/tensor_demo,
-#                                    examples/mesh_demo, examples/dtensor_demo and the main example
-#                                    examples/train_lm (4 in-process ranks)
+#                                    examples/mesh_demo, examples/dtensor_demo, the main example
+#                                    examples/train_lm and examples/heat_domain (4 in-process ranks)
 #   make demo-xla                    install missing deps, build, run the torch_xla / JAX translations
 #                                    over tessera/spec: examples/xla_mlp (8 in-process ranks) and
 #                                    examples/jax_shard_map (4 ranks)
@@ -85,11 +85,12 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 demo: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo mesh_demo dtensor_demo train_lm
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo mesh_demo dtensor_demo train_lm heat_domain
 	$(BUILD_DIR)/examples/tensor_demo
 	$(BUILD_DIR)/examples/mesh_demo --ranks 4
 	$(BUILD_DIR)/examples/dtensor_demo --ranks 4
 	$(BUILD_DIR)/examples/train_lm --ranks 4
+	$(BUILD_DIR)/examples/heat_domain --ranks 4
 
 demo-xla: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target xla_mlp jax_shard_map

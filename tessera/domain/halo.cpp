@@ -236,6 +236,9 @@ Tensor halo_exchange_local(const Tensor& local, const Layout& layout, const Devi
                     local.shape()[dim] == layout.local_shape(mesh.coordinate())[dim],
                 ShardingError, "halo_exchange", "the local ", local.defined() ? local.shape().to_string() : "(undefined)",
                 " is not this rank's rows along dim ", dim, " of ", layout.to_string());
+  // No halo: nothing to move, and every rank knows it from the same arguments, so all skip the
+  // exchange together.
+  if (left == 0 && right == 0) return local;
   const auto plan = std::make_shared<const HaloPlan>(plan_halo(layout, mesh, dim, left, right, pad));
   const Tensor block = local.detach().contiguous();
   Tensor out;

@@ -265,7 +265,9 @@ DTensor interpolate(const DTensor& x_in, std::vector<int64_t> size, std::string_
     keep_length[k] = rows * scale;
     if (bilinear) {
       // One row from each side (the edge row repeated beyond the domain, as the op clamps): the
-      // outputs kept read only rows of the widened block, with the same weights as unsharded.
+      // outputs kept read only rows of the widened block, with the unsharded weights up to the
+      // rounding of source coordinates computed from local indices (about 1e-12 relative on a
+      // dim of 4099 rows; exact on short dims).
       local = detail::halo_exchange_local(local, layout, mesh, d, 1, 1, HaloPadding::replicate);
       local_size[k] = (rows + 2) * scale;
       keep_begin[k] = scale;

@@ -6,6 +6,7 @@
 // q's rows are sharded they are P(sum) over those mesh dims.
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
+#include <tessera/dtensor/detail/ring_attention.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/grad/engine.hpp>
 #include <tessera/ops/detail/attention_kernel.hpp>
@@ -56,6 +57,8 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
   TESSERA_CHECK(q.device_mesh().ndim() > 0 && k.device_mesh().ndim() > 0 && v.device_mesh().ndim() > 0 &&
                     (!attn_mask || attn_mask->device_mesh().ndim() > 0),
                 ShardingError, kOp, "an operand is an undefined DTensor");
+  // The sequence split over one mesh dim: the blocks travel a ring instead of being gathered.
+  if (auto ring = detail::ring_attention(q, k, v, attn_mask, dropout_p, is_causal, scale)) return *ring;
   const int64_t nd = q.ndim();
   auto saved = std::make_shared<Saved>();
   detail::AttentionCall& call = saved->call;
