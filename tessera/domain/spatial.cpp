@@ -99,7 +99,8 @@ struct Windows {
 };
 
 std::vector<int64_t> kernel_of(const DTensor& weight, int64_t spatial) {
-  return std::vector<int64_t>(weight.shape().end() - spatial, weight.shape().end());
+  const Shape shape = weight.shape();  // by value: both iterators must come from one Shape
+  return std::vector<int64_t>(shape.end() - spatial, shape.end());
 }
 
 // `fill`: the value beyond the domain's edges (zeros come with the halo; max pooling's -inf is
