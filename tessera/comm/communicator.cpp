@@ -18,6 +18,7 @@ namespace tessera {
 
 void Work::wait() const {
   if (!state_) return;
+  if (state_->wait) state_->wait();
   std::unique_lock lock(state_->mutex);
   state_->done_cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
@@ -25,6 +26,7 @@ void Work::wait() const {
 
 bool Work::is_completed() const {
   if (!state_) return true;
+  if (state_->poll) state_->poll();
   std::lock_guard lock(state_->mutex);
   return state_->done;
 }
@@ -406,30 +408,67 @@ void Communicator::scatter(const void* send, void* recv, int64_t count, DType dt
   do_scatter(send, recv, count, dtype, root, call);
 }
 
-void Communicator::send(const void* buf, int64_t count, DType dtype, int peer, int tag) {
-  const Check check{*this, "send"};
+Work Communicator::post_p2p(const char* op, bool is_send, void* buf, int64_t count, DType dtype, int peer, int tag,
+                            CollectiveCall* numbered) {
+  const Check check{*this, op};
   check.count(count);
   check.rank_arg(peer, "peer");
   check.buffer(buf, count, "data");
-  TESSERA_CHECK(peer != rank_, ValueError, "send", "rank ", rank_, " sends to itself on ", to_string());
-  CollectiveCall call{CollectiveKind::send, dtype, count, ReduceOp::sum, peer, count * itemsize(dtype), 0};
-  synchronize();
+  TESSERA_CHECK(peer != rank_, ValueError, op, "rank ", rank_, is_send ? " sends to itself" : " receives from itself",
+                " on ", to_string());
+  TESSERA_CHECK(tag >= 0 && tag < kMaxP2pTag, ValueError, op, "tag ", tag, " out of range on ", to_string(),
+                "; expected [0, ", kMaxP2pTag, ")");
+  const int64_t bytes = count * itemsize(dtype);
+  CollectiveCall call{is_send ? CollectiveKind::send : CollectiveKind::recv, dtype, count, ReduceOp::sum, peer,
+                      is_send ? bytes : 0, is_send ? 0 : bytes};
   enter(call);
+  if (numbered) *numbered = call;
+  return Work(is_send ? do_isend(buf, count, dtype, peer, tag, call) : do_irecv(buf, count, dtype, peer, tag, call));
+}
+
+Work Communicator::isend(const void* buf, int64_t count, DType dtype, int peer, int tag) {
+  return post_p2p("isend", true, const_cast<void*>(buf), count, dtype, peer, tag);
+}
+
+Work Communicator::irecv(void* buf, int64_t count, DType dtype, int peer, int tag) {
+  return post_p2p("irecv", false, buf, count, dtype, peer, tag);
+}
+
+void Communicator::send(const void* buf, int64_t count, DType dtype, int peer, int tag) {
+  synchronize();
+  CollectiveCall call;
+  const Work work = post_p2p("send", true, const_cast<void*>(buf), count, dtype, peer, tag, &call);
   const TimedCall timed(*this, call);
-  do_send(buf, count, dtype, peer, tag, call);
+  work.wait();
 }
 
 void Communicator::recv(void* buf, int64_t count, DType dtype, int peer, int tag) {
-  const Check check{*this, "recv"};
-  check.count(count);
-  check.rank_arg(peer, "peer");
-  check.buffer(buf, count, "data");
-  TESSERA_CHECK(peer != rank_, ValueError, "recv", "rank ", rank_, " receives from itself on ", to_string());
-  CollectiveCall call{CollectiveKind::recv, dtype, count, ReduceOp::sum, peer, 0, count * itemsize(dtype)};
   synchronize();
-  enter(call);
+  CollectiveCall call;
+  const Work work = post_p2p("recv", false, buf, count, dtype, peer, tag, &call);
   const TimedCall timed(*this, call);
-  do_recv(buf, count, dtype, peer, tag, call);
+  work.wait();
+}
+
+void Communicator::sendrecv(const void* send, int64_t send_count, int dest, void* recv, int64_t recv_count,
+                            int source, DType dtype, int tag) {
+  TESSERA_CHECK(dest >= -1 && source >= -1, ValueError, "sendrecv", "dest ", dest, " / source ", source,
+                " out of range for ", to_string(), "; -1 means none");
+  synchronize();
+  // Both sides posted before either waits: a ring of sendrecv calls never deadlocks.
+  const Work receiving = source >= 0 ? post_p2p("sendrecv", false, recv, recv_count, dtype, source, tag) : Work();
+  const Work sending =
+      dest >= 0 ? post_p2p("sendrecv", true, const_cast<void*>(send), send_count, dtype, dest, tag) : Work();
+  // Wait for both even if one fails, so no buffer is left in use; the first error wins.
+  std::exception_ptr failure;
+  for (const Work* w : {&receiving, &sending}) {
+    try {
+      w->wait();
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
 }
 
 void Communicator::barrier() {

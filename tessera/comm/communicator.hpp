@@ -26,6 +26,9 @@ namespace detail {
 class AsyncQueue;
 }
 
+/// Point-to-point tags are in [0, kMaxP2pTag) on every backend.
+inline constexpr int kMaxP2pTag = 1 << 28;
+
 /// A group of ranks that communicate. Non-copyable; shared through std::shared_ptr.
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
@@ -70,8 +73,20 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// Rank r's recv (count) gets block r of root's send (size()*count).
   void scatter(const void* send, void* recv, int64_t count, DType dtype, int root);
   /// Blocking point-to-point send to `peer`; matched with peer's recv of equal count and tag.
+  /// Returns once the receiver has the data. send = isend + wait; recv = irecv + wait.
   void send(const void* buf, int64_t count, DType dtype, int peer, int tag = 0);
   void recv(void* buf, int64_t count, DType dtype, int peer, int tag = 0);
+  /// Non-blocking point-to-point: posts the transfer and returns at once. Sends and receives
+  /// between two ranks match by tag in posting order (as in MPI); every set of posted pairs
+  /// completes whatever order the ranks wait in, so no posting order can deadlock. The buffer
+  /// must stay alive and untouched until the Work's wait() returns; a count or dtype mismatch
+  /// fails both sides' Works with CommError. Tags: [0, kMaxP2pTag).
+  Work isend(const void* buf, int64_t count, DType dtype, int peer, int tag = 0);
+  Work irecv(void* buf, int64_t count, DType dtype, int peer, int tag = 0);
+  /// Sends to `dest` and receives from `source` at once, as MPI_Sendrecv: the shift of a ring
+  /// or a halo without even/odd ordering. dest or source may be -1 (no transfer that side).
+  void sendrecv(const void* send, int64_t send_count, int dest, void* recv, int64_t recv_count, int source,
+                DType dtype, int tag = 0);
   /// Returns once every rank of the group has called barrier. Collective.
   void barrier();
   /// Collective: ranks passing the same color >= 0 form a new group, ordered by (key, rank);
@@ -105,8 +120,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                          const CollectiveCall& call) = 0;
   virtual void do_scatter(const void* send, void* recv, int64_t count, DType dtype, int root,
                           const CollectiveCall& call) = 0;
-  virtual void do_send(const void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) = 0;
-  virtual void do_recv(void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) = 0;
+  /// Posts one side of a point-to-point transfer; the state finishes when it completed.
+  virtual std::shared_ptr<detail::WorkState> do_isend(const void* buf, int64_t count, DType dtype, int peer, int tag,
+                                                      const CollectiveCall& call) = 0;
+  virtual std::shared_ptr<detail::WorkState> do_irecv(void* buf, int64_t count, DType dtype, int peer, int tag,
+                                                      const CollectiveCall& call) = 0;
   virtual void do_barrier(const CollectiveCall& call) = 0;
   virtual std::shared_ptr<Communicator> do_split(int color, int key, const CollectiveCall& call) = 0;
   /// Even forms default to the _v forms; backends override them where a faster path exists.
@@ -120,6 +138,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   void enter(CollectiveCall& call);
   // The async path: numbers the call here (issue order), runs body(numbered call) in the queue.
   Work enqueue(CollectiveCall call, std::function<void(const CollectiveCall&)> body);
+  // Checks, numbers and posts one side of a point-to-point transfer (`op` names the user's call).
+  Work post_p2p(const char* op, bool is_send, void* buf, int64_t count, DType dtype, int peer, int tag,
+                CollectiveCall* numbered = nullptr);
 
   int rank_;
   std::vector<int> world_ranks_;

@@ -16,6 +16,22 @@ struct WorkState {
   std::condition_variable done_cv;
   bool done = false;
   std::exception_ptr error;
+  // Point-to-point requests finish only as their backend drives them (MPI progresses inside MPI
+  // calls; a threads wait must watch for timeouts and failed peers), so Work::wait and
+  // Work::is_completed call these when set, instead of sleeping on done_cv. `wait` blocks until
+  // done (throwing CommError on timeout); `poll` makes one non-blocking pass.
+  std::function<void()> wait;
+  std::function<void()> poll;
+
+  /// Marks the state finished (with error, if any) and wakes its waiters.
+  void finish(std::exception_ptr failure = nullptr) {
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+      error = std::move(failure);
+    }
+    done_cv.notify_all();
+  }
 };
 
 class AsyncQueue {

@@ -41,6 +41,7 @@
 
 #include <tessera/comm/detail/reduce_kernels.hpp>
 #include <tessera/comm/mpi/detail/mpi_impl.hpp>
+#include <tessera/comm/mpi/detail/p2p.hpp>
 #include <tessera/comm/mpi/detail/ring.hpp>
 #include <tessera/comm/mpi/detail/tuning.hpp>
 #include <tessera/core/error.hpp>
@@ -59,8 +60,6 @@ constexpr int kNumReduceOps = 5;
 static_assert(static_cast<int>(ReduceOp::min) == kNumReduceOps - 1);
 // Receives a ring rank keeps posted ahead of the one it waits for.
 constexpr int64_t kPipelineWindow = 4;
-// Tag of the receiver's acknowledgement of a send; user tag t travels as t + 1.
-constexpr int kAckTag = 0;
 
 // --- process-wide state --------------------------------------------------------------------------
 
@@ -202,6 +201,7 @@ class MpiCommunicator final : public Communicator {
       : Communicator(rank, std::move(world_ranks)), comm_(comm), p2p_(p2p) {
     group_.description = to_string();
     group_.side.open(side, this->rank(), size());
+    p2p_engine_ = std::make_shared<detail::P2pEngine>(p2p_, this->rank(), this->world_ranks(), group_);
   }
 
   ~MpiCommunicator() override {
@@ -214,6 +214,7 @@ class MpiCommunicator final : public Communicator {
       new std::vector<std::byte>(std::move(scratch_));
     }
     group_.side.close();
+    p2p_engine_.reset();  // fails what is still pending; MPI may still write into its requests
     detail::locked([&] { return MPI_Comm_free(&p2p_); });
     detail::locked([&] { return MPI_Comm_free(&comm_); });
   }
@@ -607,51 +608,16 @@ class MpiCommunicator final : public Communicator {
     return make_communicator(o, comm, my_index, std::move(world));
   }
 
-  void do_send(const void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) override {
-    // A header (count, dtype) first; the receiver answers whether it matches its recv, and only
-    // then does the data move. So both sides report a mismatch, no unmatched data is left in
-    // flight, and send returns once recv has taken the data (as on the threads backend).
-    Op o = p2p_op(call, tag);
-    const Tuning t = detail::tuning();
-    const int mpi_tag = tag + 1;
-    const int64_t header[2] = {count, static_cast<int64_t>(dtype)};
-    int64_t answer[3] = {-1, 0, 0};
-    MPI_Request requests[2];
-    o.irecv(answer, 3, MPI_INT64_T, peer, kAckTag, requests[0]);
-    o.isend(header, 2, MPI_INT64_T, peer, mpi_tag, requests[1]);
-    const auto no_recv = [&](const std::vector<int>&) { return concat("no matching recv on rank ", peer); };
-    o.wait(requests, 2, no_recv);
-    if (answer[0] != 0)
-      throw CommError(concat("[send] send/recv mismatch on ", group_.description, ": rank ", rank(), " sent ", count, " ",
-                             name(dtype), ", rank ", peer, " expects ", answer[1], " ", dtype_name(answer[2]), " (tag ",
-                             tag, ")"));
-    std::vector<detail::Transfer> data;
-    if (count > 0) data.push_back({peer, const_cast<void*>(buf), count});
-    detail::exchange(o, data, {}, dtype, t.max_message_elements, mpi_tag);
+  std::shared_ptr<tessera::detail::WorkState> do_isend(const void* buf, int64_t count, DType dtype, int peer, int tag,
+                                                      const CollectiveCall& call) override {
+    check_tag(call, tag);
+    return p2p_engine_->post(true, const_cast<void*>(buf), count, dtype, peer, tag, call);
   }
 
-  void do_recv(void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) override {
-    Op o = p2p_op(call, tag);
-    const Tuning t = detail::tuning();
-    const int mpi_tag = tag + 1;
-    int64_t header[2] = {-1, -1};
-    MPI_Request request;
-    o.irecv(header, 2, MPI_INT64_T, peer, mpi_tag, request);
-    o.wait(request, [&](const std::vector<int>&) { return concat("no matching send from rank ", peer); });
-    const int64_t sent_count = header[0], sent_dtype = header[1];
-    const bool match = sent_count == count && sent_dtype == static_cast<int64_t>(dtype);
-    const int64_t answer[3] = {match ? 0 : 1, count, static_cast<int64_t>(dtype)};
-    o.isend(answer, 3, MPI_INT64_T, peer, kAckTag, request);
-    if (!match) {
-      o.wait(request, [&](const std::vector<int>&) { return concat("rank ", peer, " stopped before the answer"); });
-      throw CommError(concat("[recv] send/recv mismatch on ", group_.description, ": rank ", peer, " sent ", sent_count,
-                             " ", dtype_name(sent_dtype), ", rank ", rank(), " expects ", count, " ", name(dtype),
-                             " (tag ", tag, ")"));
-    }
-    std::vector<detail::Transfer> data;
-    if (count > 0) data.push_back({peer, buf, count});
-    detail::exchange(o, {}, data, dtype, t.max_message_elements, mpi_tag);
-    o.wait(request, [&](const std::vector<int>&) { return concat("rank ", peer, " stopped before the answer"); });
+  std::shared_ptr<tessera::detail::WorkState> do_irecv(void* buf, int64_t count, DType dtype, int peer, int tag,
+                                                      const CollectiveCall& call) override {
+    check_tag(call, tag);
+    return p2p_engine_->post(false, buf, count, dtype, peer, tag, call);
   }
 
  private:
@@ -675,12 +641,11 @@ class MpiCommunicator final : public Communicator {
     return o;
   }
 
-  Op p2p_op(const CollectiveCall& call, int tag) {
-    group_.check_usable(call);
-    const int tag_ub = process().tag_ub;
-    TESSERA_CHECK(tag >= 0 && tag < tag_ub, ValueError, name(call.kind), "tag ", tag, " out of range on ",
-                  group_.description, "; expected [0, ", tag_ub - 1, "] on the mpi backend");
-    return Op(p2p_, rank(), world_ranks(), call, group_);
+  // An MPI whose MPI_TAG_UB is small carries fewer user tags (each takes three of its tags).
+  void check_tag(const CollectiveCall& call, int tag) const {
+    const int max_tag = detail::P2pEngine::max_tag();
+    TESSERA_CHECK(tag <= max_tag, ValueError, name(call.kind), "tag ", tag, " out of range on ", group_.description,
+                  "; this MPI carries tags [0, ", max_tag, "]");
   }
 
   // Debug mode: one MPI_Iallgather of a fixed-size signature (kind, dtype, count, op, root,
@@ -803,6 +768,7 @@ class MpiCommunicator final : public Communicator {
 
   MPI_Comm comm_;  // collectives and the ring's point-to-point messages
   MPI_Comm p2p_;   // the user's send/recv
+  std::shared_ptr<detail::P2pEngine> p2p_engine_;
   detail::GroupState group_;
   std::vector<std::byte> scratch_;
 };

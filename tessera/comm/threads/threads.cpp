@@ -10,7 +10,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <list>
+#include <optional>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -19,6 +21,7 @@
 #include <immintrin.h>
 #endif
 
+#include <tessera/comm/detail/async_queue.hpp>
 #include <tessera/comm/detail/reduce_kernels.hpp>
 #include <tessera/comm/detail/stream_copy.hpp>
 #include <tessera/core/error.hpp>
@@ -78,16 +81,16 @@ struct Slot {
   int color = 0, key = 0;              // split
 };
 
-struct Message {
+// One posted side of a point-to-point transfer, waiting in the group's mailbox for its match.
+struct P2pPost {
   int src, dst, tag;
-  const void* data;
+  void* data;  // const for sends
   int64_t count;
   DType dtype;
-  bool done = false;
-  std::string error;  // set by the receiver on a mismatch
+  std::shared_ptr<detail::WorkState> state;
 };
 
-class Group {
+class Group : public std::enable_shared_from_this<Group> {
  public:
   Group(std::shared_ptr<World> world, std::vector<int> world_ranks)
       : world_(std::move(world)),
@@ -230,48 +233,99 @@ class Group {
     check_signatures(posted.call);
   }
 
-  // Point to point: the sender waits until the receiver copied (one copy, no staging).
-  void send(int rank, const void* data, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) {
+  // Point to point. A post first looks for its match among the other side's posts (the first
+  // with the same source, destination and tag: MPI's non-overtaking order); if one is there, the
+  // posting thread copies (one copy, no staging) and finishes both; otherwise it waits in the
+  // mailbox for the match to come. Nothing here blocks, so no posting order can deadlock.
+  std::shared_ptr<detail::WorkState> post(bool is_send, int rank, void* data, int64_t count, DType dtype, int peer,
+                                          int tag, const CollectiveCall& call) {
     check_usable(call);
-    Message message{rank, peer, tag, data, count, dtype, false, {}};
-    std::unique_lock lock(mutex_);
-    mailbox_.push_back(&message);
-    cv_.notify_all();
-    try {
-      wait_locked(lock, call, [&] { return message.done; },
-                  [&] { return detail::concat("no matching recv on rank ", peer); });
-    } catch (...) {  // the message lives on this stack: withdraw it before leaving
-      if (!lock.owns_lock()) lock.lock();
-      mailbox_.remove(&message);
-      throw;
+    auto state = std::make_shared<detail::WorkState>();
+    P2pPost mine{is_send ? rank : peer, is_send ? peer : rank, tag, data, count, dtype, state};
+    std::weak_ptr<Group> self = weak_from_this();
+    state->wait = [self, call, is_send, rank, peer, weak = std::weak_ptr<detail::WorkState>(state)] {
+      const auto group = self.lock();
+      const auto s = weak.lock();
+      if (group && s) group->wait_p2p(*s, call, is_send, rank, peer);
+    };
+    std::optional<P2pPost> match;
+    {
+      std::lock_guard lock(mutex_);
+      auto& theirs = is_send ? recvs_ : sends_;
+      const auto it = std::find_if(theirs.begin(), theirs.end(), [&](const P2pPost& p) {
+        return p.src == mine.src && p.dst == mine.dst && p.tag == tag;
+      });
+      if (it != theirs.end()) {
+        match = *it;
+        theirs.erase(it);
+      } else {
+        (is_send ? sends_ : recvs_).push_back(mine);
+      }
     }
-    if (!message.error.empty()) throw CommError(detail::concat("[send] ", message.error));
+    if (match) is_send ? transfer(mine, *match) : transfer(*match, mine);
+    return state;
   }
 
-  void recv(int rank, void* data, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) {
-    check_usable(call);
-    std::unique_lock lock(mutex_);
-    Message* found = nullptr;
-    wait_locked(lock, call, [&] {
-      for (Message* m : mailbox_)
-        if (m->src == peer && m->dst == rank && m->tag == tag) {
-          found = m;
-          return true;
-        }
-      return false;
-    }, [&] { return detail::concat("no matching send from rank ", peer); });
-    mailbox_.remove(found);
-    std::string error;
-    if (found->count != count || found->dtype != dtype) {
-      error = detail::concat("send/recv mismatch on ", describe(), ": rank ", peer, " sent ", found->count, " ",
-                             name(found->dtype), ", rank ", rank, " expects ", count, " ", name(dtype), " (tag ", tag, ")");
-      found->error = error;
-    } else if (count > 0) {  // a zero-length message may come with null buffers
-      std::memcpy(data, found->data, static_cast<size_t>(count * itemsize(dtype)));
+ private:
+  void transfer(const P2pPost& send, const P2pPost& recv) {
+    if (send.count != recv.count || send.dtype != recv.dtype) {
+      const std::string what = detail::concat("send/recv mismatch on ", describe(), ": rank ", send.src, " sent ",
+                                              send.count, " ", name(send.dtype), ", rank ", recv.dst, " expects ",
+                                              recv.count, " ", name(recv.dtype), " (tag ", send.tag, ")");
+      send.state->finish(std::make_exception_ptr(CommError("[send] " + what)));
+      recv.state->finish(std::make_exception_ptr(CommError("[recv] " + what)));
+      return;
     }
-    found->done = true;
-    cv_.notify_all();
-    if (!error.empty()) throw CommError(detail::concat("[recv] ", error));
+    if (send.count > 0)  // a zero-length message may come with null buffers
+      std::memcpy(recv.data, send.data, static_cast<size_t>(send.count * itemsize(send.dtype)));
+    send.state->finish();
+    recv.state->finish();
+  }
+
+  // Work::wait of a post: sleeps on the state, watching for an aborted world, a failed group, a
+  // peer whose program ended and the timeout. Leaving early first withdraws the post from the
+  // mailbox (its buffer is the caller's); a post already matched is being copied: wait for it.
+  void wait_p2p(detail::WorkState& state, const CollectiveCall& call, bool is_send, int rank, int peer) {
+    const auto deadline = Clock::now() + std::chrono::duration<double>(comm_timeout_seconds());
+    const int peer_world = world_ranks_[static_cast<size_t>(peer)];
+    std::unique_lock lock(state.mutex);
+    while (!state.done) {
+      std::string reason;
+      bool told = false;  // the reason is the world's or the group's: check_usable says it
+      if (world_->aborted.load() || broken_.load()) {
+        told = true;
+      } else if (world_->ended[static_cast<size_t>(peer_world)].load(std::memory_order_acquire)) {
+        reason = detail::concat("world rank ", peer_world, " ended its program while world rank ",
+                                world_ranks_[static_cast<size_t>(rank)], " waits in ", call.to_string(), " #",
+                                call.sequence, " on ", describe());
+      } else if (Clock::now() >= deadline) {
+        reason = detail::concat("timeout after ", comm_timeout_seconds(), " s in ", call.to_string(), " #",
+                                call.sequence, " on ", describe(), ": ",
+                                is_send ? "no matching recv on rank " : "no matching send from rank ", peer);
+      }
+      if (told || !reason.empty()) {
+        lock.unlock();
+        if (!withdraw(state, is_send)) {  // matched meanwhile: the copy finishes it
+          lock.lock();
+          state.done_cv.wait(lock, [&] { return state.done; });
+          return;
+        }
+        if (told) check_usable(call);
+        fail(reason);
+        throw CommError(detail::concat("[", name(call.kind), "] ", reason));
+      }
+      state.done_cv.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+
+  // Removes a post that has not been matched; false if it was.
+  bool withdraw(const detail::WorkState& state, bool is_send) {
+    std::lock_guard lock(mutex_);
+    auto& mine = is_send ? sends_ : recvs_;
+    const auto it = std::find_if(mine.begin(), mine.end(), [&](const P2pPost& p) { return p.state.get() == &state; });
+    if (it == mine.end()) return false;
+    mine.erase(it);
+    return true;
   }
 
  private:
@@ -331,7 +385,7 @@ class Group {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::string broken_reason_;
-  std::list<Message*> mailbox_;
+  std::deque<P2pPost> sends_, recvs_;  // unmatched point-to-point posts, in posting order
 };
 
 // Offsets of packed blocks.
@@ -512,12 +566,14 @@ class ThreadCommunicator final : public Communicator {
     depart(call);
   }
 
-  void do_send(const void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) override {
-    group_->send(rank(), buf, count, dtype, peer, tag, call);
+  std::shared_ptr<detail::WorkState> do_isend(const void* buf, int64_t count, DType dtype, int peer, int tag,
+                                              const CollectiveCall& call) override {
+    return group_->post(true, rank(), const_cast<void*>(buf), count, dtype, peer, tag, call);
   }
 
-  void do_recv(void* buf, int64_t count, DType dtype, int peer, int tag, const CollectiveCall& call) override {
-    group_->recv(rank(), buf, count, dtype, peer, tag, call);
+  std::shared_ptr<detail::WorkState> do_irecv(void* buf, int64_t count, DType dtype, int peer, int tag,
+                                              const CollectiveCall& call) override {
+    return group_->post(false, rank(), buf, count, dtype, peer, tag, call);
   }
 
   void do_barrier(const CollectiveCall& call) override {

@@ -247,11 +247,6 @@ void Op::wait(MPI_Request* requests, int n, PendingText pending, MPI_Status* sta
   // Past the grace period (no progress for that long) the rank reports the call it waits in on
   // the side channel and reads the others' reports every few milliseconds (diagnose).
   const int spin_limit = oversubscribed.load(std::memory_order_relaxed) ? 0 : 2000;
-  constexpr auto yield_phase = std::chrono::milliseconds(20);
-  constexpr auto look_every = std::chrono::milliseconds(10);
-  const auto timeout = std::chrono::duration<double>(comm_timeout_seconds());
-  std::chrono::duration<double> grace(-1);  // read from the tuning once the wait is slow
-  Clock::time_point last_look{};
   int remaining = 0;
   for (int i = 0; i < n; ++i) remaining += requests[i] != MPI_REQUEST_NULL;
   std::vector<int> indices;
@@ -297,31 +292,37 @@ void Op::wait(MPI_Request* requests, int n, PendingText pending, MPI_Status* sta
       cpu_relax();
       continue;
     }
-    const auto now = Clock::now();
-    const auto idle = now - last_progress;
-    if (idle >= timeout) {
+    const auto idle = Clock::now() - last_progress;
+    check_idle(idle, [&] {
       std::vector<int> unfinished;
       for (int i = 0; i < n; ++i)
         if (requests[i] != MPI_REQUEST_NULL) unfinished.push_back(i);
-      std::string missing = pending(unfinished);
-      if (missing.empty()) missing = arrivals();
-      // Left posted: MPI cannot cancel a collective, and the group is unusable from here on.
-      const std::string reason = tessera::detail::concat("timeout after ", comm_timeout_seconds(), " s in ",
-                                                         call_.to_string(), " #", call_.sequence, " on ",
-                                                         group_.description, ": ", missing);
-      group_.fail(reason, call_);
-      throw CommError(tessera::detail::concat("[", name(call_.kind), "] ", reason));
-    }
-    if (idle >= yield_phase && group_.side.is_open()) {
-      if (grace.count() < 0) grace = std::chrono::duration<double>(std::min(tuning().desync_grace_seconds, timeout.count() / 2));
-      if (idle >= grace) {
-        if (!reported_) group_.side.post(Report::waiting(call_, counts_hash_)), reported_ = true;
-        if (now - last_look >= look_every) last_look = now, diagnose();
-      }
-    }
-    if (idle < yield_phase) sched_yield();
+      return pending(unfinished);
+    });
+    if (idle < kYieldPhase) sched_yield();
     else std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+}
+
+void Op::check_idle(std::chrono::steady_clock::duration idle, const std::function<std::string()>& missing_text) {
+  using Clock = std::chrono::steady_clock;
+  const auto timeout = std::chrono::duration<double>(comm_timeout_seconds());
+  if (idle >= timeout) {
+    std::string missing = missing_text();
+    if (missing.empty()) missing = arrivals();
+    // Left posted: MPI cannot cancel a collective, and the group is unusable from here on.
+    const std::string reason = tessera::detail::concat("timeout after ", comm_timeout_seconds(), " s in ",
+                                                       call_.to_string(), " #", call_.sequence, " on ",
+                                                       group_.description, ": ", missing);
+    group_.fail(reason, call_);
+    throw CommError(tessera::detail::concat("[", name(call_.kind), "] ", reason));
+  }
+  if (idle < kYieldPhase || !group_.side.is_open()) return;
+  if (grace_.count() < 0) grace_ = std::chrono::duration<double>(std::min(tuning().desync_grace_seconds, timeout.count() / 2));
+  if (idle < grace_) return;
+  if (!reported_) group_.side.post(Report::waiting(call_, counts_hash_)), reported_ = true;
+  const auto now = Clock::now();
+  if (now - last_look_ >= std::chrono::milliseconds(10)) last_look_ = now, diagnose();
 }
 
 void Op::truncated(const MPI_Status& status) const {

@@ -11,6 +11,8 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -156,6 +158,13 @@ class Op {
   /// receive that MPI truncated fails the call naming the sender.
   void wait(MPI_Request* requests, int n, PendingText pending, MPI_Status* statuses = nullptr);
   void wait(MPI_Request& request, PendingText pending) { wait(&request, 1, pending); }
+  /// For a wait that polls by other means (the point-to-point engine), after `idle` without
+  /// progress: past the grace period reports this call on the side channel and reads the peers'
+  /// reports (throws CommError when a peer failed, ended or desynchronised); past the timeout
+  /// fails the group and throws CommError naming missing_text() (or, if empty, the absent ranks).
+  void check_idle(std::chrono::steady_clock::duration idle, const std::function<std::string()>& missing_text);
+  /// Waits spin, then yield the core for this long without progress, then sleep briefly.
+  static constexpr auto kYieldPhase = std::chrono::milliseconds(20);
   /// True if the request completed (it then becomes MPI_REQUEST_NULL). Never blocks.
   bool test(MPI_Request& request);
   /// Fails the group and throws CommError "[kind] what on group".
@@ -183,6 +192,8 @@ class Op {
   uint64_t counts_hash_;
   int tag_;
   bool reported_ = false;  // this call's waiting report went out
+  std::chrono::duration<double> grace_{-1};  // read from the tuning once a wait is slow
+  std::chrono::steady_clock::time_point last_look_{};
 };
 
 /// The pending text of MPI's own collectives, which do not say which ranks are missing: the
