@@ -116,7 +116,53 @@ TEST(HaloExchange, MovesOnlyTheHaloRows) {
     const int r = rank(), n = world_size();
     const int64_t rows_in = (r > 0 ? 2 : 0) + (r < n - 1 ? 3 : 0);
     EXPECT_EQ(debug.total_bytes_received(), rows_in * row_bytes);
-    EXPECT_EQ(debug.total_count(), 1);  // one all_to_all_v
+    // A neighbour needs 3 of my rows on its right side and 2 on its left: the same bound sent.
+    const int64_t rows_out = (r > 0 ? 3 : 0) + (r < n - 1 ? 2 : 0);
+    EXPECT_EQ(debug.total_bytes_sent(), rows_out * row_bytes);
+    // One message per neighbour and direction, nothing to or from the others.
+    const int neighbours = (r > 0) + (r < n - 1);
+    EXPECT_EQ(debug.count(CollectiveKind::recv), neighbours);
+    EXPECT_EQ(debug.count(CollectiveKind::send), neighbours);
+    EXPECT_EQ(debug.total_count(), 2 * neighbours);
+  });
+}
+
+// halo_exchange_start posts and returns; the rank computes meanwhile; finish gives what
+// halo_exchange gives, value and gradient, on every layout and padding of a 2 x n/2 mesh.
+TEST(HaloExchange, StartAndFinishOverlapComputeWithTheSameResult) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    if (n % 2) return;
+    const DeviceMesh mesh({2, n / 2}, {"a", "b"});
+    const Tensor grid = data({11, 7}, 9);
+    for (const Placements& placements : std::vector<Placements>{{Shard{0}, Shard{1}}, {Shard{0}, Shard{0}}}) {
+      const DTensor x = distribute_tensor(grid, mesh, placements);
+      for (HaloPadding pad : {HaloPadding::zeros, HaloPadding::periodic, HaloPadding::replicate}) {
+        HaloExchange exchange = halo_exchange_start(x, 0, 2, 1, pad);
+        EXPECT_FALSE(exchange.finished());
+        const Tensor interior = x.to_local() * 2.0;  // compute while the rows travel
+        const Tensor widened = exchange.finish();
+        EXPECT_TRUE(exchange.finished());
+        EXPECT_TRUE(allclose(widened, halo_exchange(x, 0, 2, 1, pad), 0, 0)) << x.layout().to_string();
+        EXPECT_TRUE(allclose(interior, x.to_local() * 2.0, 0, 0));
+        EXPECT_TRUE(value_error([&] { exchange.finish(); }, {"[HaloExchange::finish]", "already finished"}));
+      }
+    }
+    // The gradient flows through finish as through halo_exchange.
+    Tensor leaf = data({5, 7}, 3);
+    leaf.requires_grad_(true);
+    FromLocalOptions infer;
+    infer.infer_sizes = true;
+    const DTensor x = DTensor::from_local(leaf, mesh, {Shard{0}, Shard{1}}, infer);
+    HaloExchange exchange = halo_exchange_start(x, 0, 1, 1, HaloPadding::periodic);
+    sum(exchange.finish() * 3.0).backward();
+    const Tensor via_start = leaf.grad().clone();
+    leaf.set_grad(Tensor());
+    sum(halo_exchange(x, 0, 1, 1, HaloPadding::periodic) * 3.0).backward();
+    EXPECT_TRUE(allclose(via_start, leaf.grad(), 0, 0));
+    // An exchange dropped unfinished still lands its rows (its peers' finish completes).
+    { HaloExchange dropped = halo_exchange_start(x, 1, 1, 0); }
+    EXPECT_TRUE(value_error([&] { HaloExchange().finish(); }, {"[HaloExchange::finish]", "no exchange was started"}));
   });
 }
 

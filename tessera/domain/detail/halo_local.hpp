@@ -17,5 +17,9 @@ namespace tessera::detail {
 /// ShardingError as halo_exchange does.
 Tensor halo_exchange_local(const Tensor& local, const Layout& layout, const DeviceMesh& mesh, int64_t dim, int64_t left,
                            int64_t right, HaloPadding pad);
+/// The first half of halo_exchange_local (`op` names the user's call in errors).
+HaloExchange halo_exchange_start_local(const Tensor& local, const Layout& layout, const DeviceMesh& mesh, int64_t dim,
+                                       int64_t left, int64_t right, HaloPadding pad,
+                                       const char* op = "halo_exchange_start");
 
 }  // namespace tessera::detail
