@@ -26,6 +26,7 @@
 #include <tessera/spec/mark_sharding.hpp>
 #include <tessera/spec/shard_map.hpp>
 #include <tessera/spec/spec_mesh.hpp>
+#include <tessera/domain/context_parallel.hpp>
 #include <tessera/domain/halo.hpp>
 #include <tessera/domain/scatter.hpp>
 #include <tessera/domain/spatial.hpp>

@@ -1,6 +1,8 @@
 #pragma once
 // Ring attention for scaled_dot_product_attention on DTensors whose sequence dim is sharded.
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include <tessera/dtensor/dtensor.hpp>
 
@@ -13,5 +15,15 @@ namespace tessera::detail {
 std::optional<DTensor> ring_attention(const DTensor& q, const DTensor& k, const DTensor& v,
                                       const std::optional<DTensor>& attn_mask, double dropout_p, bool is_causal,
                                       std::optional<double> scale);
+
+/// Load balancing for causal ring attention (context_parallel's load_balance): the sequence of
+/// length L is cut into 2n chunks (these sizes, the first L % 2n one row longer) and ring position
+/// p holds chunks p and 2n-1-p, so every position has as many visible (query, key) pairs. While
+/// a scope is pushed for (mesh, mesh_dim), ring attention over that mesh dim reads the blocks
+/// of q, k and v in that order. Per thread, nested scopes allowed.
+std::vector<int64_t> zigzag_chunk_sizes(int64_t length, int64_t n);
+void push_load_balanced_sequence(const DeviceMesh& mesh, int64_t mesh_dim);
+void pop_load_balanced_sequence();
+bool ring_load_balanced(const DeviceMesh& mesh, int64_t mesh_dim);
 
 }  // namespace tessera::detail
