@@ -32,13 +32,10 @@ Layout with_placement(const DTensor& x, int64_t cp, const Placement& placement, 
   const Layout& layout = x.layout();
   Placements placements = x.placements();
   placements[static_cast<size_t>(cp)] = placement;
-  ShardOrder order;
-  ShardSizes sizes;
-  for (int64_t d = 0; d < x.ndim(); ++d) {
-    if (d == seq) continue;
-    if (layout.shard_order(d).size() > 1) order[d] = layout.shard_order(d);
-    if (layout.has_explicit_sizes(d)) sizes[d] = layout.piece_sizes(d);
-  }
+  ShardOrder order = layout.shard_orders();
+  ShardSizes sizes = layout.explicit_sizes();
+  order.erase(seq);  // the sequence dim is split over the context-parallel mesh dim alone
+  sizes.erase(seq);
   if (!seq_sizes.empty()) sizes[seq] = seq_sizes;
   return Layout(x.shape(), x.dtype(), layout.mesh(), placements, order, sizes);
 }

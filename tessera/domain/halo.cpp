@@ -84,19 +84,10 @@ HaloPlan plan_halo(const Layout& layout, const DeviceMesh& mesh, int64_t dim, in
   const auto& order = layout.shard_order(dim);
   std::vector<int64_t> dims(order.begin(), order.end());
   std::sort(dims.begin(), dims.end());
-  const std::vector<int64_t> mine = mesh.coordinate();
-  for (int64_t m : order) plan.me = plan.me * spec.size(m) + mine[static_cast<size_t>(m)];
+  plan.me = piece_of(spec, order, mesh.coordinate());
   for (size_t p = 0; p < pieces.size(); ++p) {
-    // Piece p's coordinates on the shard order's mesh dims (mixed radix, first = major), then its
-    // rank in the group: row-major over those dims in ascending order.
-    std::vector<int64_t> coordinate(static_cast<size_t>(spec.ndim()), 0);
-    int64_t rest = static_cast<int64_t>(p);
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      coordinate[static_cast<size_t>(*it)] = rest % spec.size(*it);
-      rest /= spec.size(*it);
-    }
-    int64_t g = 0;
-    for (int64_t m : dims) g = g * spec.size(m) + coordinate[static_cast<size_t>(m)];
+    // Piece p's rank in the group: row-major over the shard order's mesh dims in ascending order.
+    const int64_t g = piece_of(spec, dims, piece_coordinate(spec, order, static_cast<int64_t>(p)));
     plan.group_rank.push_back(static_cast<int>(g));
     plan.runs.push_back(runs_of(plan.starts, static_cast<int64_t>(p), left, right, pad));
   }

@@ -69,10 +69,17 @@ DimPlan plan_dim(const Layout& layout, int64_t dim, int64_t kernel, int64_t stri
 
 // This rank's piece index along a sharded dim (mixed radix over the shard order).
 int64_t my_piece(const Layout& layout, const DeviceMesh& mesh, int64_t dim) {
-  const auto coordinate = mesh.coordinate();
-  int64_t piece = 0;
-  for (int64_t m : layout.shard_order(dim)) piece = piece * mesh.size(m) + coordinate[static_cast<size_t>(m)];
-  return piece;
+  return piece_of(layout.mesh(), layout.shard_order(dim), mesh.coordinate());
+}
+
+// x with the mesh dims whose placement `moves` replicated instead (redistributed only if any).
+template <class Moves>
+DTensor replicate_where(const DTensor& x, Moves moves) {
+  Placements placements = x.placements();
+  bool changed = false;
+  for (auto& p : placements)
+    if (moves(p)) p = Replicate{}, changed = true;
+  return changed ? x.redistribute(placements) : x;
 }
 
 DTensor replicated(const DTensor& t) {
@@ -147,9 +154,7 @@ Windows windows(const char* call, const DTensor& x, int64_t spatial, const std::
   }
   for (int64_t d : {int64_t{0}, int64_t{1}})
     if (layout.has_explicit_sizes(d) && out_shape[d] == layout.global_shape()[d]) out_sizes[d] = layout.piece_sizes(d);
-  ShardOrder order;
-  for (int64_t d = 0; d < layout.ndim(); ++d)
-    if (layout.shard_order(d).size() > 1) order[d] = layout.shard_order(d);
+  const ShardOrder order = layout.shard_orders();
   Windows out{local, local_padding, Layout(out_shape, layout.dtype(), layout.mesh(), layout.placements(), order, out_sizes),
               empty_dims};
   for (int64_t d : empty_dims) {
@@ -174,11 +179,8 @@ DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DT
   padding = per_dim(call, "padding", std::move(padding), spatial);
   dilation = per_dim(call, "dilation", std::move(dilation), spatial);
   // Channels whole and no pending reduction: channel-sharded or Partial mesh dims replicate.
-  Placements placements = x_in.placements();
-  bool moves = false;
-  for (auto& p : placements)
-    if (is_partial(p) || is_shard(p, 1)) p = Replicate{}, moves = true;
-  const DTensor x = moves ? x_in.redistribute(placements) : x_in;
+  const DTensor x = replicate_where(x_in, [](const Placement& p) { return is_partial(p) || is_shard(p, 1); });
+  const Placements& placements = x.placements();
   const DTensor weight = replicated(weight_in);
   const std::optional<DTensor> bias = bias_in ? std::optional<DTensor>(replicated(*bias_in)) : std::nullopt;
   const Layout& layout = x.layout();
@@ -207,11 +209,7 @@ DTensor pool2d(const char* call, const DTensor& x_in, std::vector<int64_t> kerne
   kernel = per_dim(call, "kernel", std::move(kernel), 2);
   stride = stride.empty() ? kernel : per_dim(call, "stride", std::move(stride), 2);
   padding = per_dim(call, "padding", std::move(padding), 2);
-  Placements placements = x_in.placements();
-  bool moves = false;
-  for (auto& p : placements)
-    if (is_partial(p)) p = Replicate{}, moves = true;
-  const DTensor x = moves ? x_in.redistribute(placements) : x_in;
+  const DTensor x = replicate_where(x_in, [](const Placement& p) { return is_partial(p); });
   const auto fill = max ? std::optional<double>(-std::numeric_limits<double>::infinity()) : std::nullopt;
   Windows win = windows(call, x, 2, kernel, stride, padding, {1, 1}, x.shape()[1], fill);
   const Tensor out = max ? tessera::max_pool2d(win.local, kernel, stride, win.local_padding)
@@ -239,11 +237,7 @@ DTensor interpolate(const DTensor& x_in, std::vector<int64_t> size, std::string_
   TESSERA_CHECK(mode == "nearest" || mode == "bilinear", ValueError, call, "mode '", mode,
                 "' is not one of 'nearest', 'bilinear'");
   const bool bilinear = mode == "bilinear";
-  Placements placements = x_in.placements();
-  bool moves = false;
-  for (auto& p : placements)
-    if (is_partial(p)) p = Replicate{}, moves = true;
-  const DTensor x = moves ? x_in.redistribute(placements) : x_in;
+  const DTensor x = replicate_where(x_in, [](const Placement& p) { return is_partial(p); });
   const Layout& layout = x.layout();
   const DeviceMesh& mesh = x.device_mesh();
   TESSERA_CHECK(mesh.is_member(), ShardingError, call, "world rank ", rank(), " is not in ", mesh.to_string());
@@ -289,15 +283,13 @@ DTensor interpolate(const DTensor& x_in, std::vector<int64_t> size, std::string_
   }
   for (int64_t d : {int64_t{0}, int64_t{1}})
     if (layout.has_explicit_sizes(d)) out_sizes[d] = layout.piece_sizes(d);
-  ShardOrder order;
-  for (int64_t d = 0; d < layout.ndim(); ++d)
-    if (layout.shard_order(d).size() > 1) order[d] = layout.shard_order(d);
+  const ShardOrder order = layout.shard_orders();
   Tensor out = tessera::interpolate(local, local_size, mode);
   for (int64_t d : sharded) {
     const size_t k = static_cast<size_t>(d - 2);
     out = out.narrow(d, keep_begin[k], keep_length[k]);
   }
-  return DTensor(out, mesh, Layout(out_shape, layout.dtype(), layout.mesh(), placements, order, out_sizes));
+  return DTensor(out, mesh, Layout(out_shape, layout.dtype(), layout.mesh(), layout.placements(), order, out_sizes));
 }
 
 DTensor conv1d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias, std::vector<int64_t> stride,

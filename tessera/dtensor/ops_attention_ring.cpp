@@ -327,17 +327,10 @@ std::optional<DTensor> ring_attention(const DTensor& q, const DTensor& k, const 
   const Tensor out_local = out.to(q.dtype());
   Shape out_shape = q.shape();
   out_shape[q.ndim() - 1] = v.shape()[v.ndim() - 1];
-  ring->out = std::make_shared<const Layout>(out_shape, q.dtype(), q.layout().mesh(), q.placements(), [&] {
-    ShardOrder order;
-    for (int64_t d = 0; d < q.ndim(); ++d)
-      if (q.layout().shard_order(d).size() > 1) order[d] = q.layout().shard_order(d);
-    return order;
-  }(), [&] {
-    ShardSizes sizes;
-    for (int64_t d = 0; d < q.ndim() - 1; ++d)
-      if (q.layout().has_explicit_sizes(d)) sizes[d] = q.layout().piece_sizes(d);
-    return sizes;
-  }());
+  ShardSizes out_sizes = q.layout().explicit_sizes();
+  out_sizes.erase(q.ndim() - 1);  // the features become v's, never split
+  ring->out = std::make_shared<const Layout>(out_shape, q.dtype(), q.layout().mesh(), q.placements(),
+                                             q.layout().shard_orders(), out_sizes);
   DTensor result = DTensorAccess::make(out_local, ring->mesh, ring->out);
   if (autograd::needs_grad<DTensor>({&q, &k, &v})) {
     const Tensor lse_saved = lse, out_saved = out_local;

@@ -31,22 +31,32 @@ std::string Block::to_string() const {
   return out.str();
 }
 
+int64_t piece_of(const MeshSpec& mesh, const std::vector<int64_t>& order, const std::vector<int64_t>& coordinate) {
+  int64_t piece = 0;
+  for (int64_t m : order) piece = piece * mesh.size(m) + coordinate[static_cast<size_t>(m)];
+  return piece;
+}
+
+std::vector<int64_t> piece_coordinate(const MeshSpec& mesh, const std::vector<int64_t>& order, int64_t piece) {
+  std::vector<int64_t> coordinate(static_cast<size_t>(mesh.ndim()), 0);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    coordinate[static_cast<size_t>(*it)] = piece % mesh.size(*it);
+    piece /= mesh.size(*it);
+  }
+  return coordinate;
+}
+
 std::vector<int64_t> pieces_from_local_shapes(const MeshSpec& mesh, const std::vector<std::vector<int64_t>>& shapes,
                                               const std::vector<int64_t>& order, int64_t dim) {
   int64_t count = 1;
   for (int64_t m : order) count *= mesh.size(m);
+  std::vector<int64_t> all_dims(static_cast<size_t>(mesh.ndim()));
+  for (int64_t m = 0; m < mesh.ndim(); ++m) all_dims[static_cast<size_t>(m)] = m;
   std::vector<int64_t> pieces;
   pieces.reserve(static_cast<size_t>(count));
   for (int64_t p = 0; p < count; ++p) {
     // ranks() is row-major over the grid: the holder's position is its coordinate's flat index.
-    std::vector<int64_t> coordinate(static_cast<size_t>(mesh.ndim()), 0);
-    int64_t rest = p;
-    for (auto it = order.rbegin(); it != order.rend(); ++it) {
-      coordinate[static_cast<size_t>(*it)] = rest % mesh.size(*it);
-      rest /= mesh.size(*it);
-    }
-    int64_t position = 0;
-    for (int64_t m = 0; m < mesh.ndim(); ++m) position = position * mesh.size(m) + coordinate[static_cast<size_t>(m)];
+    const int64_t position = piece_of(mesh, all_dims, piece_coordinate(mesh, order, p));
     pieces.push_back(shapes[static_cast<size_t>(position)][static_cast<size_t>(dim)]);
   }
   return pieces;
@@ -161,6 +171,20 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
   data->hash = compute_hash(*this);
 }
 
+ShardOrder Layout::shard_orders() const {
+  ShardOrder orders;
+  for (int64_t d = 0; d < ndim(); ++d)
+    if (shard_order(d).size() > 1) orders[d] = shard_order(d);
+  return orders;
+}
+
+ShardSizes Layout::explicit_sizes() const {
+  ShardSizes sizes;
+  for (int64_t d = 0; d < ndim(); ++d)
+    if (has_explicit_sizes(d)) sizes[d] = piece_sizes(d);
+  return sizes;
+}
+
 bool Layout::has_partial() const {
   return std::any_of(data_->placements.begin(), data_->placements.end(), [](const Placement& p) { return is_partial(p); });
 }
@@ -181,8 +205,7 @@ Block Layout::block(const std::vector<int64_t>& coordinate) const {
   for (int64_t d = 0; d < ndim(); ++d) {
     const auto& order = data_->orders[static_cast<size_t>(d)];
     if (order.empty()) continue;
-    int64_t piece = 0;  // mixed radix over the mesh dims in splitting order
-    for (int64_t m : order) piece = piece * data_->mesh.shape()[m] + coordinate[static_cast<size_t>(m)];
+    const int64_t piece = piece_of(data_->mesh, order, coordinate);
     out.begin[d] = data_->starts[static_cast<size_t>(d)][static_cast<size_t>(piece)];
     out.end[d] = data_->starts[static_cast<size_t>(d)][static_cast<size_t>(piece) + 1];
   }

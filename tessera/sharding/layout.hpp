@@ -63,6 +63,11 @@ class Layout {
   const std::vector<int64_t>& piece_sizes(int64_t dim) const { return data_->pieces[static_cast<size_t>(dim)]; }
   /// True when piece sizes were given explicitly rather than by chunk semantics.
   bool has_explicit_sizes(int64_t dim) const { return data_->explicit_sizes[static_cast<size_t>(dim)]; }
+  /// The shard orders the constructor needs to rebuild this layout: the dims split over more
+  /// than one mesh dim (empty when every order is the default).
+  ShardOrder shard_orders() const;
+  /// The explicit piece sizes, as the constructor takes them (dims with chunk sizes left out).
+  ShardSizes explicit_sizes() const;
   /// True when any mesh dim holds a Partial.
   bool has_partial() const;
   /// True when every placement is Replicate (or the mesh has no dims).
@@ -127,6 +132,14 @@ std::vector<int64_t> chunk_sizes(int64_t length, const std::vector<int64_t>& spl
 /// (mixed radix over `order`) is the local of the rank at those coordinates and 0 on the other
 /// mesh dims. What explicit sizes inferred from locals (PhysicsNeMo sharding_shapes="infer",
 /// torch_xla disable_manual_sharding) are built from.
+/// The piece of a tensor dim split over the mesh dims `order` (splitting order, major first) that
+/// the rank at `coordinate` holds: the mixed-radix number of its coordinates on those mesh dims.
+/// Example: order [1, 0] on mesh[dp=2, tp=3]: coordinate (dp=1, tp=2) holds piece 2 * 2 + 1 = 5.
+int64_t piece_of(const MeshSpec& mesh, const std::vector<int64_t>& order, const std::vector<int64_t>& coordinate);
+/// The inverse of piece_of on the order's mesh dims: the coordinate (0 on every other mesh dim)
+/// that holds `piece`.
+std::vector<int64_t> piece_coordinate(const MeshSpec& mesh, const std::vector<int64_t>& order, int64_t piece);
+
 std::vector<int64_t> pieces_from_local_shapes(const MeshSpec& mesh, const std::vector<std::vector<int64_t>>& shapes,
                                               const std::vector<int64_t>& order, int64_t dim);
 
