@@ -3,6 +3,7 @@
 #include <tessera/ops/linalg.hpp>
 
 #include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/detail/gemm.hpp>
 
 #include <cblas.h>
 
@@ -19,11 +20,15 @@
 namespace tessera {
 
 namespace {
-
 std::once_flag blas_init;
 int blas_thread_count = 1;
+}  // namespace
+
+namespace detail {
 
 // Ranks are threads: BLAS gets one thread per calling thread unless the user asks otherwise.
+// Every path into BLAS comes here first (matmul and linear, and the attention and convolution
+// kernels through detail::gemm), so OpenBLAS never starts its own default of one thread per core.
 void ensure_blas_configured() {
   std::call_once(blas_init, [] {
     if (const char* env = std::getenv("TESSERA_BLAS_THREADS")) {
@@ -33,6 +38,12 @@ void ensure_blas_configured() {
     openblas_set_num_threads(blas_thread_count);
   });
 }
+
+}  // namespace detail
+
+using detail::ensure_blas_configured;
+
+namespace {
 
 // How BLAS sees a 2-d view: NoTrans with row stride ld, Trans with column stride ld, or neither.
 struct BlasOperand {
