@@ -306,13 +306,18 @@ Tensor HaloExchange::finish() {
     autograd::NoGradGuard no_grad;
     complete_rows(*s.plan, s.flight, s.out, s.dim, /*backward=*/false);
   }
-  if (autograd::needs_grad<Tensor>({&s.local}))
+  if (autograd::needs_grad<Tensor>({&s.local})) {
     autograd::record<Tensor>("halo_exchange", s.out, {&s.local},
                              [plan = s.plan, dim = s.dim, local_shape = s.local.shape()](const Tensor& g) {
                                Tensor grad = zeros(local_shape, g.dtype());
                                move_rows(*plan, g.contiguous(), grad, dim, /*backward=*/true);
                                return std::vector<Tensor>{grad};
                              });
+    // Every rank's backward exchanges halo rows: it must run even where no gradient arrives.
+    s.out.autograd_meta()->grad_fn->zero_gradient = [shape = s.out.shape(), dtype = s.out.dtype()] {
+      return std::any(zeros(shape, dtype));
+    };
+  }
   return s.out;
 }
 

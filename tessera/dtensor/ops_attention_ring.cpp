@@ -337,6 +337,11 @@ std::optional<DTensor> ring_attention(const DTensor& q, const DTensor& k, const 
     autograd::record<DTensor>(kOp, result, {&q, &k, &v}, [ring, ql, kl, vl, out_saved, lse_saved](const DTensor& g) {
       return ring_backward(*ring, ql, kl, vl, out_saved, lse_saved, g);
     });
+    // Every rank's backward passes blocks around the ring: it runs even where no gradient arrives.
+    result.autograd_meta()->grad_fn->zero_gradient = [ring, shape = out_local.shape(),
+                                                      dtype = out_local.dtype()] {
+      return std::any(DTensorAccess::make(zeros(shape, dtype), ring->mesh, ring->out));
+    };
   }
   return result;
 }

@@ -35,6 +35,7 @@ void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad) {
     pending.erase(node);
     std::vector<std::any> grads;
     if (incoming.has_value()) grads = node->apply(incoming);
+    else if (node->zero_gradient) grads = node->apply(node->zero_gradient());
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const auto& input = node->inputs[i];
       if (!input) continue;

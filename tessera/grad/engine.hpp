@@ -39,6 +39,10 @@ class Node {
 
   /// One edge per op input: the input's Meta, or null when that input needs no gradient.
   std::vector<std::shared_ptr<Meta>> inputs;
+  /// Set on nodes whose backward communicates (a halo, a ring): when no gradient reaches such a
+  /// node (its output fed only ops that give none, e.g. an empty piece), it runs with this zero
+  /// gradient anyway, so the peers whose backward exchanges with it never wait for it.
+  std::function<std::any()> zero_gradient;
 
  private:
   const char* name_;
