@@ -4,11 +4,15 @@
 #include <tessera/domain/spatial.hpp>
 
 #include <algorithm>
+#include <memory>
+#include <utility>
 #include <limits>
 #include <string>
 
 #include <tessera/core/error.hpp>
 #include <tessera/domain/detail/halo_local.hpp>
+#include <tessera/domain/detail/spatial_args.hpp>
+#include <tessera/dtensor/detail/row_exchange.hpp>
 #include <tessera/ops/conv.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/shape_ops.hpp>
@@ -16,21 +20,16 @@
 
 namespace tessera {
 
-namespace {
+using detail::per_dim;
+using detail::replicate_where;
+using detail::replicated;
 
-// One value per spatial dim (a single value applies to all), as torch's int-or-tuple arguments.
-std::vector<int64_t> per_dim(const char* call, const char* what, std::vector<int64_t> v, int64_t spatial) {
-  if (v.size() == 1) v.assign(static_cast<size_t>(spatial), v.front());
-  TESSERA_CHECK(static_cast<int64_t>(v.size()) == spatial, ValueError, call, what, " has ", v.size(),
-                " values for ", spatial, " spatial dims; give 1 or ", spatial);
-  return v;
-}
+namespace {
 
 // Along one sharded spatial dim: the outputs each piece owns and the input rows they read.
 struct DimPlan {
   std::vector<int64_t> out_begin, out_end;    // per piece: its outputs [begin, end)
-  std::vector<int64_t> need_begin, need_end;  // per piece: the input rows they read
-  int64_t left = 0, right = 0;                // halo widths covering every piece's need
+  std::vector<int64_t> need_begin, need_end;  // per piece: the input rows they read (maybe beyond the edges)
 };
 
 DimPlan plan_dim(const Layout& layout, int64_t dim, int64_t kernel, int64_t stride, int64_t padding,
@@ -61,8 +60,6 @@ DimPlan plan_dim(const Layout& layout, int64_t dim, int64_t kernel, int64_t stri
     const int64_t need_end = any ? (o - 1) * stride - padding + extent : starts[p];
     plan.need_begin.push_back(need_begin);
     plan.need_end.push_back(need_end);
-    plan.left = std::max(plan.left, starts[p] - need_begin);
-    plan.right = std::max(plan.right, need_end - starts[p + 1]);
   }
   return plan;
 }
@@ -70,21 +67,6 @@ DimPlan plan_dim(const Layout& layout, int64_t dim, int64_t kernel, int64_t stri
 // This rank's piece index along a sharded dim (mixed radix over the shard order).
 int64_t my_piece(const Layout& layout, const DeviceMesh& mesh, int64_t dim) {
   return piece_of(layout.mesh(), layout.shard_order(dim), mesh.coordinate());
-}
-
-// x with the mesh dims whose placement `moves` replicated instead (redistributed only if any).
-template <class Moves>
-DTensor replicate_where(const DTensor& x, Moves moves) {
-  Placements placements = x.placements();
-  bool changed = false;
-  for (auto& p : placements)
-    if (moves(p)) p = Replicate{}, changed = true;
-  return changed ? x.redistribute(placements) : x;
-}
-
-DTensor replicated(const DTensor& t) {
-  if (t.layout().is_replicated()) return t;
-  return t.redistribute(Placements(t.placements().size(), Replicate{}));
 }
 
 // What a window op (convolution, pooling) runs on locally: this rank's block widened by the halo
@@ -95,8 +77,8 @@ struct Windows {
   std::vector<int64_t> local_padding;
   Layout out_layout;
   // Sharded dims along which this rank owns no outputs. It still runs the op, on one window of
-  // padding, and keeps none of the result: every rank's graph must have one shape, since the
-  // backward's collectives (halos, parameter gradients) run in the order the graph gives.
+  // padding, and keeps none of the result: its row exchanges stay in the graph, so their
+  // backward runs here too (the peers that sent it rows wait for those rows' gradients).
   std::vector<int64_t> empty_dims;
 
   DTensor finish(Tensor out, const DeviceMesh& mesh) const {
@@ -124,6 +106,7 @@ Windows windows(const char* call, const DTensor& x, int64_t spatial, const std::
   out_shape[1] = out_channels;
   ShardSizes out_sizes;
   std::vector<int64_t> empty_dims;
+  std::vector<std::pair<int64_t, int64_t>> edge_pads(static_cast<size_t>(spatial), {0, 0});
   for (int64_t i = 0; i < spatial; ++i) {
     const int64_t d = 2 + i;
     const size_t k = static_cast<size_t>(i);
@@ -131,18 +114,19 @@ Windows windows(const char* call, const DTensor& x, int64_t spatial, const std::
     out_shape[d] = plan.out_end.back();
     if (layout.shard_order(d).empty()) continue;
     const size_t p = static_cast<size_t>(my_piece(layout, mesh, d));
-    const int64_t begin = layout.block(mesh.coordinate()).begin[d];
-    const Tensor widened = detail::halo_exchange_local(local, layout, mesh, d, plan.left, plan.right, HaloPadding::zeros);
-    const int64_t first = plan.need_begin[p], count = plan.need_end[p] - plan.need_begin[p];
-    local = widened.narrow(d, first - (begin - plan.left), count);
-    if (fill) {
-      // Rows beyond the domain's edges hold the fill value instead of the halo's zeros.
-      std::vector<int64_t> mask_shape(static_cast<size_t>(local.ndim()), 1);
-      mask_shape[static_cast<size_t>(d)] = count;
-      const Tensor rows = arange(static_cast<double>(first), static_cast<double>(first + count), 1.0, DType::f64);
-      const Tensor outside = logical_or(lt(rows, 0.0), ge(rows, static_cast<double>(layout.global_shape()[d])));
-      local = masked_fill(local, outside.reshape(Shape(mask_shape)), *fill);
+    // Each piece fetches the rows its outputs read that lie in the domain, exactly those; the
+    // rows beyond the edges are padded in after every dim's exchange, so the next dim's exchange
+    // never carries them.
+    const int64_t length = layout.global_shape()[d];
+    auto rows = std::make_shared<detail::RowPlan>(detail::row_plan(layout, mesh, d));
+    for (size_t q = 0; q < plan.need_begin.size(); ++q) {
+      detail::RowRunBuilder runs(rows->starts);
+      const int64_t first = std::clamp<int64_t>(plan.need_begin[q], 0, length);
+      runs.rows(first, std::clamp<int64_t>(plan.need_end[q], first, length) - first);
+      rows->set_runs(static_cast<int64_t>(q), runs.take());
     }
+    local = detail::exchange_rows(std::move(rows), local, 0.0, call, detail::kRowExchangeTag);
+    edge_pads[k] = {std::max<int64_t>(0, -plan.need_begin[p]), std::max<int64_t>(0, plan.need_end[p] - length)};
     local_padding[k] = 0;
     std::vector<int64_t> sizes;
     for (size_t q = 0; q < plan.out_begin.size(); ++q) sizes.push_back(plan.out_end[q] - plan.out_begin[q]);
@@ -154,6 +138,14 @@ Windows windows(const char* call, const DTensor& x, int64_t spatial, const std::
   }
   for (int64_t d : {int64_t{0}, int64_t{1}})
     if (layout.has_explicit_sizes(d) && out_shape[d] == layout.global_shape()[d]) out_sizes[d] = layout.piece_sizes(d);
+  // The rows beyond the domain's edges: zeros for a convolution, the fill for pooling.
+  std::vector<int64_t> pads;
+  for (int64_t i = spatial - 1; i >= 0; --i) {
+    pads.push_back(edge_pads[static_cast<size_t>(i)].first);
+    pads.push_back(edge_pads[static_cast<size_t>(i)].second);
+  }
+  if (std::any_of(pads.begin(), pads.end(), [](int64_t v) { return v != 0; }))
+    local = pad(local, pads, PadMode::constant, fill.value_or(0.0));
   const ShardOrder order = layout.shard_orders();
   Windows out{local, local_padding, Layout(out_shape, layout.dtype(), layout.mesh(), layout.placements(), order, out_sizes),
               empty_dims};
@@ -183,7 +175,6 @@ DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DT
   const Placements& placements = x.placements();
   const DTensor weight = replicated(weight_in);
   const std::optional<DTensor> bias = bias_in ? std::optional<DTensor>(replicated(*bias_in)) : std::nullopt;
-  const Layout& layout = x.layout();
   const DeviceMesh& mesh = x.device_mesh();
   TESSERA_CHECK(mesh.is_member(), ShardingError, call, "world rank ", rank(), " is not in ", mesh.to_string());
   // The parameters' gradients add up over the mesh dims that split the input's rows.
@@ -268,7 +259,7 @@ DTensor interpolate(const DTensor& x_in, std::vector<int64_t> size, std::string_
       keep_begin[k] = scale;
     } else {
       // Nearest reads only the piece's own rows. An empty piece interpolates one zero row and
-      // keeps nothing, so its graph has the same shape as the others'.
+      // keeps nothing (the local op needs a row).
       if (rows == 0) {
         Shape one = local.shape();
         one[d] = 1;

@@ -42,6 +42,27 @@ DTensor max_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<in
 DTensor avg_pool2d(const DTensor& x, std::vector<int64_t> kernel, std::vector<int64_t> stride = {},
                    std::vector<int64_t> padding = {0});
 
+/// torch's conv_transpose2d on a DTensor x [N, C, H, W] with weight [C, O / groups, KH, KW] and
+/// bias [O]; shardings as conv2d. Output row o of input row r lies in [r stride - padding,
+/// r stride - padding + extent): each sharded dim's outputs are split where the footprint of a
+/// piece's first row is centred (an upsampling by 2 with kernel 2 or 4 keeps twice the rows per
+/// piece), and each piece fetches the input rows its outputs read (a halo) from the pieces
+/// holding them. Explicit sizes where the split is not chunk's. Differentiable; the weight's and
+/// bias's gradients sum over the pieces. Communicates. Throws ValueError for arguments that give
+/// no output, as the local op.
+DTensor conv_transpose2d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias = std::nullopt,
+                         std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
+                         std::vector<int64_t> output_padding = {0}, int64_t groups = 1,
+                         std::vector<int64_t> dilation = {1});
+
+/// torch's adaptive_avg_pool2d on a DTensor x [N, C, H, W] (a Partial is reduced first): output
+/// cell o of a sharded dim of L rows and n outputs averages rows [floor(o L / n),
+/// ceil((o + 1) L / n)) and belongs to the piece holding the first of them; the rows of a window
+/// that crosses into the next piece come by a row exchange. Explicit output sizes. One output
+/// along a sharded dim (global pooling) is the mean over it: a Partial, nothing moves.
+/// Differentiable. Communicates.
+DTensor adaptive_avg_pool2d(const DTensor& x, std::vector<int64_t> output_size);
+
 /// torch's interpolate (nearest, as torch's legacy "nearest"; bilinear with align_corners=False)
 /// to `size` (one value per spatial dim) on a DTensor x [N, C, spatial...]. Along a sharded
 /// spatial dim the size must be a whole multiple s of the dim's length, so each piece grows s

@@ -178,11 +178,14 @@ std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, 
 
 // --- shape ops that copy ---------------------------------------------------------------------------
 // Semantics and errors as the Tensor ops (ops/shape_ops.hpp). Dims the op does not touch stay
-// sharded; touched dims are gathered first (flip, roll, repeat, pad). Every Partial passes through
-// (a constant pad with a non-zero fill reduces a P(sum) first).
+// sharded; touched dims are gathered first (flip, repeat), except that roll and pad keep a sharded
+// dim sharded and move only the rows that change piece (point-to-point between those pieces).
+// Every Partial passes through (a constant pad with a non-zero fill reduces a P(sum) first).
 /// Flipped dims are gathered (they could stay sharded with the blocks exchanged in reverse order).
 DTensor flip(const DTensor& x, const std::vector<int64_t>& dims);
-/// Rolled dims are gathered. With no dims, rolls the flattened tensor (a reshape to 1-d and back).
+/// A rolled sharded dim keeps its layout: each piece receives the rows that roll into it (at most
+/// two runs, from the pieces holding them). With no dims, rolls the flattened tensor (a reshape
+/// to 1-d and back).
 DTensor roll(const DTensor& x, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims = {});
 /// No communication for any sharding: each rank masks its block by the global row and column.
 DTensor tril(const DTensor& x, int64_t diagonal = 0);
@@ -192,7 +195,10 @@ DTensor triu(const DTensor& x, int64_t diagonal = 0);
 DTensor repeat(const DTensor& x, const std::vector<int64_t>& repeats);
 /// repeat with reps padded by leading 1s.
 DTensor tile(const DTensor& x, const std::vector<int64_t>& reps);
-/// Padded or cropped dims are gathered.
+/// A padded or cropped sharded dim stays sharded: the first piece takes the rows before, the last
+/// the rows after (explicit piece sizes; a crop shrinks or empties the end pieces). Constant
+/// padding moves nothing; reflect, replicate and circular move only the rows the end pieces read
+/// from other pieces (as a halo does).
 DTensor pad(const DTensor& x, const std::vector<int64_t>& pads, PadMode mode = PadMode::constant, Scalar value = 0);
 
 }  // namespace tessera

@@ -4,6 +4,7 @@
 // shards.
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
+#include <tessera/dtensor/detail/sharded_shape.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/shape_ops.hpp>
@@ -49,6 +50,9 @@ DTensor flip(const DTensor& x, const std::vector<int64_t>& dims) {
 DTensor roll(const DTensor& x, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) {
   const DimVector by = roll_shifts(shifts, dims, x.shape());
   if (dims.empty()) return reshape(roll(reshape(x, {x.numel()}), {by[0]}, {0}), x.shape());
+  // A rolled sharded dim stays sharded: only the rows that change piece move.
+  for (int64_t d = 0; d < x.ndim(); ++d)
+    if (by[d] != 0 && !x.layout().shard_order(d).empty()) return detail::roll_sharded(x, by);
   return detail::recorded(
       call_op(OpId::roll, {&x}, ShapeArgs{by}, [&](Locals l) { return roll(l[0], by.vec(), every_dim(x.ndim())); }),
       [&](DTensor& out) { derivatives::record_roll(out, x, by); });
@@ -73,6 +77,17 @@ DTensor tile(const DTensor& x, const std::vector<int64_t>& reps) {
 DTensor pad(const DTensor& x, const std::vector<int64_t>& pads, PadMode mode, Scalar value) {
   const PadSpec spec = pad_spec(x.shape(), pads, mode);
   const PadArgs args{spec.before, spec.after, static_cast<uint8_t>(mode), mode == PadMode::constant ? value : Scalar(0)};
+  // A padded sharded dim stays sharded: its end pieces grow, and only the rows a reflect,
+  // replicate or circular pad reads from another piece move. A non-zero fill is no longer a
+  // P(sum) once added on every rank: those mesh dims reduce first.
+  if (detail::touches_sharded_dim(x.layout(), spec.before, spec.after)) {
+    Placements placements = x.placements();
+    bool reduce = false;
+    if (mode == PadMode::constant && value.to_double() != 0)
+      for (auto& p : placements)
+        if (is_partial(p) && std::get<Partial>(p).op == ReduceOp::sum) p = Replicate{}, reduce = true;
+    return detail::pad_sharded(reduce ? x.redistribute(placements) : x, spec, mode, value);
+  }
   return detail::recorded(
       call_op(OpId::pad, {&x}, args, [&](Locals l) { return pad(l[0], pads, mode, value); }),
       [&](DTensor& out) { derivatives::record_pad(out, x, spec.before, spec.after, mode); });

@@ -1,11 +1,29 @@
 // The backward pass: a topological walk of the recorded graph (Kahn's algorithm on the nodes
 // reachable from the root), so each node runs once, with the sum of its output's gradients.
+// Among the ready nodes the latest created runs first, as PyTorch's engine orders by sequence
+// number. Every consumer of a node was created after it, so this runs the reachable nodes in
+// exactly the reverse of their creation order, whatever the graph's shape: the ranks of an SPMD
+// program, which create their communicating nodes (halos, rings, redistributions) in one order,
+// run their backward collectives in one order too, even where their graphs differ (an empty
+// piece that takes a detour through extra local ops).
 #include <tessera/grad/engine.hpp>
 
-#include <deque>
+#include <atomic>
+#include <queue>
 #include <unordered_map>
 
 namespace tessera::autograd {
+
+uint64_t next_node_sequence() {
+  static std::atomic<uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed);
+}
+
+namespace {
+struct LaterFirst {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence() < b->sequence(); }
+};
+}  // namespace
 
 void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad) {
   NoGradGuard no_grad;
@@ -27,10 +45,11 @@ void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad) {
     }
   }
   std::unordered_map<Node*, std::any> pending{{root->grad_fn.get(), grad}};
-  std::deque<Node*> ready{root->grad_fn.get()};
+  std::priority_queue<Node*, std::vector<Node*>, LaterFirst> ready;
+  ready.push(root->grad_fn.get());
   while (!ready.empty()) {
-    Node* node = ready.front();
-    ready.pop_front();
+    Node* node = ready.top();
+    ready.pop();
     std::any incoming = std::move(pending[node]);
     pending.erase(node);
     std::vector<std::any> grads;
@@ -43,7 +62,7 @@ void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad) {
       if (input->grad_fn) {
         Node* next = input->grad_fn.get();
         if (has_grad) next->accumulate(pending[next], grads[i]);
-        if (--consumers[next] == 0) ready.push_back(next);
+        if (--consumers[next] == 0) ready.push(next);
       } else if (has_grad && input->requires_grad && input->accumulate) {
         input->accumulate(*input, grads[i]);
       }

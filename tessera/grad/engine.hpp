@@ -7,6 +7,7 @@
 // Recording costs one thread-local flag test and one pointer test per input when nothing
 // requires a gradient, so the dispatch hot path is unchanged.
 #include <any>
+#include <cstdint>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -23,10 +24,13 @@ namespace autograd {
 template <class T>
 struct GradOps;  // static T add(const T&, const T&);
 
+/// A number that grows with every node created in the process (any thread).
+uint64_t next_node_sequence();
+
 /// One recorded op: gradients of its inputs from the gradient of its output.
 class Node {
  public:
-  explicit Node(const char* name) : name_(name) {}
+  explicit Node(const char* name) : name_(name), sequence_(next_node_sequence()) {}
   virtual ~Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -36,6 +40,8 @@ class Node {
   /// total += grad, both of this node's output type (total may be empty).
   virtual void accumulate(std::any& total, const std::any& grad) const = 0;
   const char* name() const { return name_; }
+  /// Creation order: a node's inputs were created before it, so a larger number runs first.
+  uint64_t sequence() const { return sequence_; }
 
   /// One edge per op input: the input's Meta, or null when that input needs no gradient.
   std::vector<std::shared_ptr<Meta>> inputs;
@@ -46,11 +52,12 @@ class Node {
 
  private:
   const char* name_;
+  uint64_t sequence_;
 };
 
 /// Runs the backward pass from `root` (the Meta of the tensor backward() was called on) with the
-/// gradient `grad` of that tensor: every node reachable from root runs once, after all the nodes
-/// that feed it gradient, and every leaf that requires a gradient accumulates into its grad. The
+/// gradient `grad` of that tensor: every node reachable from root runs once, in the reverse of
+/// the order the nodes were created (so after all the nodes that feed it gradient), and every leaf that requires a gradient accumulates into its grad. The
 /// graph is kept, so a second backward accumulates again. Recording is off during the pass.
 void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad);
 

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <string>
+#include <vector>
 
 #include <tessera/autograd/gradcheck.hpp>
+#include <tessera/grad/engine.hpp>
 #include <tessera/ops/ops.hpp>
 
 #include "test_util.hpp"
@@ -319,4 +322,26 @@ TEST(TensorGrad, EmbeddingPaddingIdx) {
     EXPECT_TRUE(allclose(padded.grad(), mul(plain.grad(), keep))) << "padding_idx " << pad;
     EXPECT_TRUE(allclose(padded.grad().select(0, row), zeros({3}, DType::f64))) << "padding_idx " << pad;
   }
+}
+
+// The backward runs the reachable nodes in the reverse of their creation order, whatever the
+// graph's shape (a breadth-first walk would run q before r here): the order the ranks of an
+// SPMD program run their communicating nodes in depends only on the program's order.
+TEST(TensorGrad, NodesRunInTheReverseOfTheirCreationOrder) {
+  std::vector<std::string> ran;
+  const auto op = [&ran](const char* name, std::initializer_list<const Tensor*> inputs) {
+    Tensor out = from_vector(std::vector<double>{1});
+    autograd::record<Tensor>(name, out, inputs, [&ran, name, n = inputs.size()](const Tensor& g) {
+      ran.emplace_back(name);
+      return std::vector<Tensor>(n, g);
+    });
+    return out;
+  };
+  Tensor x = from_vector(std::vector<double>{1}).requires_grad_();
+  const Tensor p = op("p", {&x});
+  const Tensor q = op("q", {&p});
+  const Tensor r = op("r", {&x});
+  op("out", {&q, &r}).backward();
+  EXPECT_EQ(ran, (std::vector<std::string>{"out", "r", "q", "p"}));
+  EXPECT_TRUE(allclose(x.grad(), from_vector(std::vector<double>{2})));
 }

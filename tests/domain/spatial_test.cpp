@@ -210,3 +210,30 @@ TEST(ShardedInterpolate, NearestAndBilinearGrowEveryPiece) {
     EXPECT_TRUE(throws_with<ValueError>([&] { interpolate(x, {4 * n, 6}, "bicubic"); }, {"[interpolate]", "bicubic"}));
   });
 }
+
+// 2-d tiles: each tile receives exactly the grid points around it that a 3x3 window reads (the
+// 1-ring inside the domain, corners included), nothing beyond the edges.
+TEST(ShardedConv, TilesReceiveExactlyTheWindowBound) {
+  for_each_world({4, 6}, [] {
+    const int n = world_size();
+    if (n % 2) return;
+    const DeviceMesh mesh({2, n / 2}, {"h", "w"});
+    const int64_t rows = 13, cols = 11, channels = 3;
+    const DTensor x = distribute_tensor(data({1, channels, rows, cols}, 1), mesh, {Shard{2}, Shard{3}});
+    const DTensor w = distribute_tensor(data({2, channels, 3, 3}, 2), mesh, {Replicate{}, Replicate{}});
+    const Block tile = x.layout().block(mesh.coordinate());
+    int64_t ring = 0;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) {
+        const bool inside = i >= tile.begin[2] && i < tile.end[2] && j >= tile.begin[3] && j < tile.end[3];
+        const bool near = i >= tile.begin[2] - 1 && i <= tile.end[2] && j >= tile.begin[3] - 1 && j <= tile.end[3];
+        ring += near && !inside;
+      }
+    CommDebugMode debug;
+    const DTensor y = conv2d(x, w, std::nullopt, {1}, {1});
+    EXPECT_EQ(debug.total_bytes_received(), ring * channels * 4) << x.layout().to_string();
+    EXPECT_TRUE(allclose(y.full_tensor(), conv2d(data({1, channels, rows, cols}, 1), data({2, channels, 3, 3}, 2),
+                                                  std::nullopt, {1}, {1}),
+                         1e-5, 1e-5));
+  });
+}

@@ -4,6 +4,7 @@
 // untouched sharded dims move nothing (CommDebugMode); errors match the Tensor ops'.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 
 #include <tessera/debug/comm_debug_mode.hpp>
@@ -154,6 +155,74 @@ TEST(ShardedShapeOps, UntouchedShardedDimsStaySharded) {
     const DTensor flipped = flip(x, {0});
     EXPECT_GT(mode.total_count(), 0);
     EXPECT_TRUE(allclose(flipped.full_tensor(), flip(data({8, 6}, 2), {0})));
+  });
+}
+
+// roll and pad of a sharded dim keep it sharded and move only the rows that change piece: on n
+// even pieces of 10 rows, each output row's source row (worked out here row by row) is counted
+// as received when another piece holds it, and each rank sends and receives one message per
+// peer at most.
+TEST(ShardedShapeOps, RollAndPadOfAShardedDimMoveOnlyTheRowsThatChangePiece) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    const int64_t length = 10 * n, row_bytes = 6 * 4;
+    const DeviceMesh mesh({n}, {"x"});
+    const Tensor full = data({length, 6}, 3);
+    const DTensor x = make_input(full, mesh, {Shard{0}});
+    // `pieces`: the output's piece sizes; `source(j)`: the input row output row j reads (-1: fill).
+    const auto moved = [&](const std::string& name, const std::function<DTensor()>& op, const Tensor& expected,
+                           const std::vector<int64_t>& pieces, const std::function<int64_t(int64_t)>& source) {
+      std::vector<int64_t> rows_in(static_cast<size_t>(n), 0), rows_out(static_cast<size_t>(n), 0);
+      int64_t j = 0;
+      for (int p = 0; p < n; ++p)
+        for (int64_t i = 0; i < pieces[static_cast<size_t>(p)]; ++i, ++j) {
+          const int64_t row = source(j);
+          const int holder = row < 0 ? p : static_cast<int>(row / 10);
+          if (holder == p) continue;
+          if (p == rank()) ++rows_in[static_cast<size_t>(holder)];
+          if (holder == rank()) ++rows_out[static_cast<size_t>(p)];
+        }
+      int64_t in = 0, out_rows = 0, messages = 0;
+      for (int q = 0; q < n; ++q) {
+        in += rows_in[static_cast<size_t>(q)];
+        out_rows += rows_out[static_cast<size_t>(q)];
+        messages += (rows_in[static_cast<size_t>(q)] > 0) + (rows_out[static_cast<size_t>(q)] > 0);
+      }
+      CommDebugMode debug;
+      const DTensor out = op();
+      EXPECT_EQ(debug.total_bytes_received(), in * row_bytes) << name;
+      EXPECT_EQ(debug.total_bytes_sent(), out_rows * row_bytes) << name;
+      EXPECT_EQ(debug.total_count(), messages) << name;
+      EXPECT_EQ(out.layout().placements(), (Placements{Shard{0}})) << name;
+      EXPECT_EQ(out.layout().piece_sizes(0), pieces) << name << ": " << out.layout().to_string();
+      EXPECT_TRUE(allclose(out.full_tensor(), expected, 0, 0)) << name;
+    };
+    const auto grown = [&](int64_t before, int64_t after) {
+      std::vector<int64_t> pieces(static_cast<size_t>(n), 10);
+      pieces.front() = std::max<int64_t>(pieces.front() + before, 0);
+      pieces.back() += after;
+      return pieces;
+    };
+    const auto wrap = [&](int64_t i) { return ((i % length) + length) % length; };
+    for (int64_t shift : {3, -13, 27}) {
+      moved("roll " + std::to_string(shift), [&] { return roll(x, {shift}, {0}); }, roll(full, {shift}, {0}),
+            grown(0, 0), [&](int64_t j) { return wrap(j - shift); });
+    }
+    moved("pad constant", [&] { return pad(x, {0, 0, 2, 3}, PadMode::constant, 1.5); },
+          pad(full, {0, 0, 2, 3}, PadMode::constant, 1.5), grown(2, 3),
+          [&](int64_t j) { return j < 2 || j >= length + 2 ? -1 : j - 2; });
+    moved("crop", [&] { return pad(x, {0, 0, -3, -1}); }, pad(full, {0, 0, -3, -1}), grown(-3, -1),
+          [](int64_t j) { return j + 3; });
+    moved("pad circular", [&] { return pad(x, {0, 0, 2, 3}, PadMode::circular); },
+          pad(full, {0, 0, 2, 3}, PadMode::circular), grown(2, 3), [&](int64_t j) { return wrap(j - 2); });
+    moved("pad reflect", [&] { return pad(x, {0, 0, 2, 3}, PadMode::reflect); }, pad(full, {0, 0, 2, 3}, PadMode::reflect),
+          grown(2, 3), [&](int64_t j) {
+            const int64_t i = j - 2;
+            return i < 0 ? -i : i >= length ? 2 * (length - 1) - i : i;
+          });
+    moved("pad replicate", [&] { return pad(x, {0, 0, 2, 3}, PadMode::replicate); },
+          pad(full, {0, 0, 2, 3}, PadMode::replicate), grown(2, 3),
+          [&](int64_t j) { return std::clamp<int64_t>(j - 2, 0, length - 1); });
   });
 }
 
