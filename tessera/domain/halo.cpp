@@ -61,24 +61,11 @@ struct HaloExchange::State {
   bool finished = false;
 };
 
+// The rows in flight finish when the RowExchange goes (its destructor waits for them).
 HaloExchange::HaloExchange() = default;
 HaloExchange::HaloExchange(HaloExchange&&) noexcept = default;
-HaloExchange& HaloExchange::operator=(HaloExchange&& other) noexcept {
-  if (this != &other) {
-    finish_quietly();
-    state_ = std::move(other.state_);
-  }
-  return *this;
-}
-HaloExchange::~HaloExchange() { finish_quietly(); }
-
-void HaloExchange::finish_quietly() noexcept {
-  if (!state_ || state_->finished) return;
-  try {
-    finish();
-  } catch (...) {  // a destructor must not throw; the error already failed the group
-  }
-}
+HaloExchange& HaloExchange::operator=(HaloExchange&&) noexcept = default;
+HaloExchange::~HaloExchange() = default;
 
 bool HaloExchange::finished() const { return !state_ || state_->finished; }
 

@@ -56,7 +56,6 @@ class HaloExchange {
  private:
   friend HaloExchange detail::halo_exchange_start_local(const Tensor&, const Layout&, const DeviceMesh&, int64_t,
                                                         int64_t, int64_t, HaloPadding, const char*);
-  void finish_quietly() noexcept;
   struct State;
   std::shared_ptr<State> state_;
 };
