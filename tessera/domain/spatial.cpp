@@ -92,15 +92,16 @@ std::vector<int64_t> kernel_of(const DTensor& weight, int64_t spatial) {
   return std::vector<int64_t>(shape.end() - spatial, shape.end());
 }
 
-// `fill`: the value beyond the domain's edges (zeros come with the halo; max pooling's -inf is
-// written over them).
+// `fill`: the value beyond the domain's edges (zeros, or max pooling's -inf). `x_grad`: what the
+// gradient of x's local block is (default: x's placements).
 Windows windows(const char* call, const DTensor& x, int64_t spatial, const std::vector<int64_t>& kernel,
                 const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
-                const std::vector<int64_t>& dilation, int64_t out_channels, std::optional<double> fill) {
+                const std::vector<int64_t>& dilation, int64_t out_channels, std::optional<double> fill,
+                const Placements& x_grad = {}) {
   const Layout& layout = x.layout();
   const DeviceMesh& mesh = x.device_mesh();
   TESSERA_CHECK(mesh.is_member(), ShardingError, call, "world rank ", rank(), " is not in ", mesh.to_string());
-  Tensor local = x.to_local();
+  Tensor local = x_grad.empty() ? x.to_local() : x.to_local(x_grad);
   std::vector<int64_t> local_padding = padding;
   Shape out_shape = layout.global_shape();
   out_shape[1] = out_channels;
@@ -157,6 +158,109 @@ Windows windows(const char* call, const DTensor& x, int64_t spatial, const std::
   return out;
 }
 
+// Channel sharding, as DTensor's linear: a mesh dim splitting the input channels (x's dim 1 with
+// the weight's dim 1) computes each rank's share of every output, a Partial(sum) with no
+// communication (rowwise); one splitting the weight's output channels (dim 0) while x is whole
+// on it gives the output's channels sharded (colwise). Any other channel sharding, and every
+// channel sharding of a grouped convolution, is made Replicate; Partial inputs are reduced.
+struct ChannelPlan {
+  Layout x, weight, bias;                 // where the operands go
+  Placements x_grad, weight_grad, bias_grad;  // what their local gradients are
+  std::vector<int64_t> rowwise, colwise;  // the mesh dims of each kind
+
+  bool bias_here(const DeviceMesh& mesh) const {
+    for (int64_t m : rowwise)
+      if (mesh.coordinate()[static_cast<size_t>(m)] != 0) return false;
+    return true;
+  }
+
+  // The window op's output layout (x's placements, out-channel count) with the channel sharding.
+  Layout output(const Layout& windows) const {
+    Placements placements = windows.placements();
+    ShardOrder order = windows.shard_orders();
+    ShardSizes sizes = windows.explicit_sizes();
+    order.erase(1);
+    sizes.erase(1);
+    for (int64_t m : rowwise) placements[static_cast<size_t>(m)] = Partial{};
+    for (int64_t m : colwise) placements[static_cast<size_t>(m)] = Shard{1};
+    if (!colwise.empty()) order[1] = weight.shard_order(0);
+    return Layout(windows.global_shape(), windows.dtype(), windows.mesh(), placements, order, sizes);
+  }
+};
+
+ChannelPlan plan_channels(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias,
+                          int64_t groups) {
+  const Layout& xl = x.layout();
+  const Placements& xp = xl.placements();
+  const Placements& wp = weight.placements();
+  const size_t mesh_dims = xp.size();
+  const auto is_replicate = [](const Placement& p) { return std::holds_alternative<Replicate>(p); };
+  ChannelPlan plan;
+  Placements x_to = xp, w_to(mesh_dims, Replicate{}), b_to(mesh_dims, Replicate{});
+  plan.weight_grad.assign(mesh_dims, Replicate{});
+  plan.bias_grad.assign(mesh_dims, Replicate{});
+  // Input channels keep x's own split when it has one; a weight-only split is added after it.
+  std::vector<int64_t> channel_order = groups == 1 ? xl.shard_order(1) : std::vector<int64_t>{};
+  for (size_t m = 0; m < mesh_dims; ++m) {
+    const int64_t dim = static_cast<int64_t>(m);
+    const bool x_channels = is_shard(xp[m], 1), x_whole = is_replicate(xp[m]);
+    if (groups == 1 && x_channels && (is_shard(wp[m], 1) || is_replicate(wp[m]))) {
+      plan.rowwise.push_back(dim);
+    } else if (groups == 1 && x_whole && is_shard(wp[m], 1) && !xl.has_explicit_sizes(1)) {
+      plan.rowwise.push_back(dim);
+      channel_order.push_back(dim);
+    } else if (x_whole && is_shard(wp[m], 0)) {
+      plan.colwise.push_back(dim);
+    } else if (is_partial(xp[m]) || x_channels) {
+      x_to[m] = Replicate{};
+    }
+  }
+  // x's own channel split, less the mesh dims made Replicate; its explicit sizes only if whole.
+  const bool split_kept = channel_order == xl.shard_order(1);
+  std::erase_if(channel_order, [&](int64_t m) {
+    return std::find(plan.rowwise.begin(), plan.rowwise.end(), m) == plan.rowwise.end();
+  });
+  for (int64_t m : plan.rowwise) {
+    x_to[static_cast<size_t>(m)] = w_to[static_cast<size_t>(m)] = Shard{1};
+    plan.weight_grad[static_cast<size_t>(m)] = Shard{1};
+    plan.bias_grad[static_cast<size_t>(m)] = Partial{};
+  }
+  // Under colwise each rank's x gradient comes from its output channels only: a share (P(sum)).
+  plan.x_grad = x_to;
+  for (int64_t m : plan.colwise) {
+    plan.x_grad[static_cast<size_t>(m)] = Partial{};
+    w_to[static_cast<size_t>(m)] = b_to[static_cast<size_t>(m)] = Shard{0};
+    plan.weight_grad[static_cast<size_t>(m)] = plan.bias_grad[static_cast<size_t>(m)] = Shard{0};
+  }
+  // The parameters' gradients add up over the mesh dims that split the input's batch or rows.
+  for (size_t m = 0; m < mesh_dims; ++m)
+    if (is_shard(x_to[m]) && !is_shard(x_to[m], 1)) plan.weight_grad[m] = plan.bias_grad[m] = Partial{};
+  ShardOrder x_order = xl.shard_orders();
+  ShardSizes x_sizes = xl.explicit_sizes();
+  if (!split_kept || channel_order != xl.shard_order(1)) x_sizes.erase(1);
+  if (!plan.rowwise.empty()) {
+    x_order[1] = channel_order;
+  } else {
+    x_order.erase(1);
+    x_sizes.erase(1);
+  }
+  plan.x = Layout(xl.global_shape(), xl.dtype(), xl.mesh(), x_to, x_order, x_sizes);
+  ShardOrder w_order;
+  ShardSizes w_sizes;
+  if (!plan.rowwise.empty()) {
+    w_order[1] = channel_order;
+    if (x_sizes.count(1)) w_sizes[1] = x_sizes[1];
+  }
+  if (!plan.colwise.empty()) w_order[0] = plan.colwise;
+  plan.weight = Layout(weight.shape(), weight.dtype(), xl.mesh(), w_to, w_order, w_sizes);
+  if (bias) {
+    ShardOrder b_order;
+    if (!plan.colwise.empty()) b_order[0] = plan.colwise;
+    plan.bias = Layout(bias->shape(), bias->dtype(), xl.mesh(), b_to, b_order);
+  }
+  return plan;
+}
+
 DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DTensor& weight_in,
                 const std::optional<DTensor>& bias_in, std::vector<int64_t> stride, std::vector<int64_t> padding,
                 std::vector<int64_t> dilation, int64_t groups) {
@@ -170,26 +274,26 @@ DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DT
   stride = per_dim(call, "stride", std::move(stride), spatial);
   padding = per_dim(call, "padding", std::move(padding), spatial);
   dilation = per_dim(call, "dilation", std::move(dilation), spatial);
-  // Channels whole and no pending reduction: channel-sharded or Partial mesh dims replicate.
-  const DTensor x = replicate_where(x_in, [](const Placement& p) { return is_partial(p) || is_shard(p, 1); });
-  const Placements& placements = x.placements();
-  const DTensor weight = replicated(weight_in);
-  const std::optional<DTensor> bias = bias_in ? std::optional<DTensor>(replicated(*bias_in)) : std::nullopt;
+  const ChannelPlan plan = plan_channels(x_in, weight_in, bias_in, groups);
+  const DTensor x = x_in.redistribute(x_in.device_mesh(), plan.x);
+  const DTensor weight = weight_in.redistribute(weight_in.device_mesh(), plan.weight);
+  const std::optional<DTensor> bias =
+      bias_in ? std::optional<DTensor>(bias_in->redistribute(bias_in->device_mesh(), plan.bias)) : std::nullopt;
   const DeviceMesh& mesh = x.device_mesh();
   TESSERA_CHECK(mesh.is_member(), ShardingError, call, "world rank ", rank(), " is not in ", mesh.to_string());
-  // The parameters' gradients add up over the mesh dims that split the input's rows.
-  Placements parameter_grad(placements.size(), Replicate{});
-  for (size_t m = 0; m < placements.size(); ++m)
-    if (is_shard(placements[m])) parameter_grad[m] = Partial{};
-  const Tensor w = weight.to_local(parameter_grad);
-  const std::optional<Tensor> b = bias ? std::optional<Tensor>(bias->to_local(parameter_grad)) : std::nullopt;
+  const Tensor w = weight.to_local(plan.weight_grad);
+  std::optional<Tensor> b = bias ? std::optional<Tensor>(bias->to_local(plan.bias_grad)) : std::nullopt;
+  // Under a Partial output the bias counts once: on the ranks at coordinate 0 of every mesh dim
+  // that splits the input channels (elsewhere times zero, so every rank's graph reaches it).
+  if (b && !plan.bias_here(mesh)) b = *b * 0.0;
   Windows win = windows(call, x, spatial, kernel_of(weight, spatial), stride, padding, dilation, weight.shape()[0],
-                        std::nullopt);
+                        std::nullopt, plan.x_grad);
   using LocalConv = Tensor (*)(const Tensor&, const Tensor&, const std::optional<Tensor>&, std::vector<int64_t>,
                                std::vector<int64_t>, std::vector<int64_t>, int64_t);
   const LocalConv conv = spatial == 1   ? static_cast<LocalConv>(conv1d)
                          : spatial == 2 ? static_cast<LocalConv>(conv2d)
                                         : static_cast<LocalConv>(conv3d);
+  win.out_layout = plan.output(win.out_layout);
   return win.finish(conv(win.local, w, b, stride, win.local_padding, dilation, groups), mesh);
 }
 

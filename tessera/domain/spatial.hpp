@@ -14,8 +14,13 @@ namespace tessera TESSERA_API {
 
 /// torch's conv1d / conv2d / conv3d on a DTensor x [N, C, spatial...] with weight
 /// [O, C/groups, kernel...] and bias [O]. Any mesh dim may shard the batch or a spatial dim (one
-/// mesh dim or several, uneven and empty pieces); the rest is made Replicate first (a channel-
-/// sharded x, a sharded or Partial weight: planned redistributions). Each sharded spatial dim's
+/// mesh dim or several, uneven and empty pieces). Channels shard as DTensor's linear: a mesh dim
+/// splitting x's input channels (the weight's dim 1 split alike, or Replicate and cut locally)
+/// gives each rank its share of every output, a Partial(sum), with no communication (the bias
+/// counted once); a mesh dim splitting the weight's output channels (dim 0, the bias alike)
+/// while x is whole on it gives the output's channels sharded. Any other sharding of the weight,
+/// channel sharding of a grouped convolution, and Partial inputs are made Replicate first
+/// (planned redistributions). Each sharded spatial dim's
 /// outputs go to the piece holding their window's centre, so "same" convolutions keep the
 /// pieces; the output keeps x's sharding with explicit sizes where strides make pieces uneven.
 /// Halos come from halo_exchange (zeros beyond the edges: the convolution's zero padding), one

@@ -3,6 +3,9 @@
 // kernels and groups; and moves only halo rows.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
+
 #include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/domain/spatial.hpp>
 #include <tessera/dtensor/ops.hpp>
@@ -28,7 +31,9 @@ struct Case {
 };
 
 // conv on full tensors and on x laid out by `placements`, compared in value and gradient.
-void expect_same_conv(const DeviceMesh& mesh, const Placements& placements, const Shape& x_shape, const Case& c) {
+// `weight_placements` (default Replicate) shard the weight; the bias follows its output channels.
+void expect_same_conv(const DeviceMesh& mesh, const Placements& placements, const Shape& x_shape, const Case& c,
+                      Placements weight_placements = {}) {
   const int64_t channels = x_shape[1], out_channels = 2 * c.groups;
   std::vector<int64_t> w_shape{out_channels, channels / c.groups};
   w_shape.insert(w_shape.end(), c.kernel.begin(), c.kernel.end());
@@ -49,8 +54,12 @@ void expect_same_conv(const DeviceMesh& mesh, const Placements& placements, cons
   sum(expected * r).backward();
 
   const Placements replicate(static_cast<size_t>(mesh.ndim()), Replicate{});
-  DTensor xd = distribute_tensor(x, mesh, placements), wd = distribute_tensor(w, mesh, replicate),
-          bd = distribute_tensor(b, mesh, replicate);
+  if (weight_placements.empty()) weight_placements = replicate;
+  Placements bias_placements = replicate;
+  for (size_t m = 0; m < bias_placements.size(); ++m)
+    if (is_shard(weight_placements[m], 0)) bias_placements[m] = Shard{0};
+  DTensor xd = distribute_tensor(x, mesh, placements), wd = distribute_tensor(w, mesh, weight_placements),
+          bd = distribute_tensor(b, mesh, bias_placements);
   xd.requires_grad_();
   wd.requires_grad_();
   bd.requires_grad_();
@@ -61,16 +70,21 @@ void expect_same_conv(const DeviceMesh& mesh, const Placements& placements, cons
                                                   : static_cast<ShardedConv>(conv3d);
   const DTensor y = sharded_conv(xd, wd, c.bias ? std::optional<DTensor>(bd) : std::nullopt, {c.stride}, {c.padding},
                                  {c.dilation}, c.groups);
-  std::string what = to_string(placements) + " x " + x_shape.to_string() + " stride " + std::to_string(c.stride) +
+  std::string what = to_string(placements) + " x " + x_shape.to_string() + " weight " + to_string(weight_placements) +
+                     " stride " + std::to_string(c.stride) +
                      " padding " + std::to_string(c.padding) + " dilation " + std::to_string(c.dilation) + " groups " +
                      std::to_string(c.groups);
-  // The spatial sharding is kept.
-  for (size_t m = 0; m < placements.size(); ++m)
-    if (is_shard(placements[m]) && !is_shard(placements[m], 1)) {  // channels are gathered
+  // The spatial sharding is kept; input channels split with the weight's give a Partial sum.
+  for (size_t m = 0; m < placements.size(); ++m) {
+    if (is_shard(placements[m]) && !is_shard(placements[m], 1)) {
       EXPECT_TRUE(is_shard(y.placements()[m])) << what;
     }
-  EXPECT_TRUE(allclose(y.full_tensor(), expected, 1e-10, 1e-10)) << what;
-  sum(y * distribute_tensor(r, mesh, replicate).redistribute(mesh, y.layout())).backward();
+    if (c.groups == 1 && is_shard(placements[m], 1) && !is_shard(weight_placements[m], 0)) {
+      EXPECT_TRUE(is_partial(y.placements()[m])) << what << " -> " << y.layout().to_string();
+    }
+  }
+  EXPECT_TRUE(allclose(y.full_tensor(), expected, 1e-10, 1e-10)) << what << " -> " << y.layout().to_string();
+  sum(y * distribute_tensor(r, mesh, replicate)).backward();
   EXPECT_TRUE(allclose(xd.grad().full_tensor(), xr.grad(), 1e-10, 1e-10)) << what << " (input gradient)";
   EXPECT_TRUE(allclose(wd.grad().full_tensor(), wr.grad(), 1e-10, 1e-10)) << what << " (weight gradient)";
   if (c.bias) {
@@ -235,5 +249,46 @@ TEST(ShardedConv, TilesReceiveExactlyTheWindowBound) {
     EXPECT_TRUE(allclose(y.full_tensor(), conv2d(data({1, channels, rows, cols}, 1), data({2, channels, 3, 3}, 2),
                                                   std::nullopt, {1}, {1}),
                          1e-5, 1e-5));
+  });
+}
+
+// Channel sharding as DTensor's linear: input channels split with the weight's dim 1 give a
+// Partial(sum) output and the forward moves nothing (rowwise); the weight's output channels split
+// with x whole give the output's channels sharded, again moving nothing (colwise). Grouped
+// convolutions, and x split on a mesh dim the weight splits otherwise, fall back to whole
+// channels. Uneven and empty channel pieces; a second mesh dim splitting rows.
+TEST(ShardedConv, ChannelShardingAsRowwiseAndColwise) {
+  for_each_world({2, 3, 4}, [] {
+    const DeviceMesh mesh = line_mesh();
+    const int n = world_size();
+    const Case same{{3, 3}, 1, 1, 1, 1, true}, grouped{{3, 3}, 1, 1, 1, 2, true};
+    const auto silent = [&](const Placements& xp, const Shape& shape, const Placements& wp) {
+      const DTensor x = distribute_tensor(smooth(shape, 0.1), mesh, xp);
+      const DTensor w = distribute_tensor(smooth({4, shape[1], 3, 3}, 0.5), mesh, wp);
+      const DTensor b = distribute_tensor(smooth({4}, 0.9), mesh, is_shard(wp[0], 0) ? Placements{Shard{0}} : Placements{Replicate{}});
+      CommDebugMode debug;
+      const DTensor y = conv2d(x, w, b, {1}, {1});
+      EXPECT_EQ(debug.total_count(), 0) << to_string(xp) << " weight " << to_string(wp) << " -> " << y.layout().to_string();
+      return y.placements();
+    };
+    EXPECT_EQ(silent({Shard{1}}, {2, n + 1, 5, 4}, {Shard{1}}), (Placements{Partial{}}));
+    EXPECT_EQ(silent({Shard{1}}, {2, n - 1, 5, 4}, {Replicate{}}), (Placements{Partial{}}));  // an empty piece
+    EXPECT_EQ(silent({Replicate{}}, {2, 3, 5, 4}, {Shard{0}}), (Placements{Shard{1}}));
+    EXPECT_EQ(silent({Replicate{}}, {2, 3, 5, 4}, {Shard{1}}), (Placements{Partial{}}));
+    for (const auto& [xp, wp] : std::vector<std::pair<Placements, Placements>>{{{Shard{1}}, {Shard{1}}},
+                                                                             {{Shard{1}}, {Replicate{}}},
+                                                                             {{Replicate{}}, {Shard{0}}},
+                                                                             {{Replicate{}}, {Shard{1}}},
+                                                                             {{Shard{1}}, {Shard{0}}}}) {
+      expect_same_conv(mesh, xp, {2, 2 * n + 1, 5, 4}, same, wp);
+      expect_same_conv(mesh, xp, {1, std::max(n - 1, 1), 6, 3}, same, wp);
+    }
+    expect_same_conv(mesh, {Shard{1}}, {1, 4, 5, 4}, grouped, {Replicate{}});
+    if (n % 2 == 0) {
+      const DeviceMesh grid({2, n / 2}, {"rows", "channels"});
+      expect_same_conv(grid, {Shard{2}, Shard{1}}, {2, 5, 7, 4}, same, {Replicate{}, Shard{1}});
+      expect_same_conv(grid, {Shard{2}, Replicate{}}, {2, 5, 7, 4}, same, {Replicate{}, Shard{0}});
+      expect_same_conv(grid, {Shard{1}, Shard{1}}, {1, 7, 5, 4}, same, {Shard{1}, Shard{1}});
+    }
   });
 }
