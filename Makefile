@@ -25,7 +25,7 @@
 # Variables: BUILD_DIR (build), BUILD_TYPE (Release), JOBS (nproc), CTEST_JOBS (2),
 # CMAKE_ARGS (extra -D options, e.g. CMAKE_ARGS=-DTESSERA_WITH_MPI=OFF), PREFIX (/usr/local),
 # TESSERA_SANITIZE ("address;undefined" or "thread"), BENCH_ARGS (passed to the bench binaries),
-# MULTIHOST_LAYOUTS (HOSTSxRANKS per host, "2x2 3x2"), MULTIHOST_TESTS (layers, "comm runtime mesh dtensor nn spec domain").
+# MULTIHOST_LAYOUTS (HOSTSxRANKS per host, "2x2 3x2"), MULTIHOST_TESTS (layers, "comm runtime mesh dtensor nn spec domain mpmd").
 
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
@@ -36,7 +36,7 @@ CMAKE_ARGS ?=
 PREFIX     ?= /usr/local
 BENCH_ARGS ?=
 MULTIHOST_LAYOUTS ?= 2x2 3x2
-MULTIHOST_TESTS   ?= comm runtime mesh dtensor nn spec domain
+MULTIHOST_TESTS   ?= comm runtime mesh dtensor nn spec domain mpmd
 # Build only these targets in `make sanitize` (default: everything), e.g. the threads-backend tests.
 SANITIZE_TARGETS ?=
 

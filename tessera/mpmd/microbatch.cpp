@@ -1,0 +1,92 @@
+#include <tessera/mpmd/microbatch.hpp>
+
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+namespace tessera::mpmd {
+
+namespace {
+
+// Part i of n of `rows` rows (the larger parts first): [begin, begin + length).
+std::pair<int64_t, int64_t> part(int64_t rows, int64_t n, int64_t i) {
+  const int64_t base = rows / n, extra = rows % n;
+  return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
+}
+
+}  // namespace
+
+std::vector<DTensor> split_microbatches(const DTensor& x, int64_t dim, int64_t n) {
+  TESSERA_CHECK(x.defined(), ValueError, "split_microbatches", "undefined DTensor");
+  TESSERA_CHECK(n >= 1, ValueError, "split_microbatches", "n = ", n, " microbatches; need at least 1");
+  TESSERA_CHECK(dim >= -x.ndim() && dim < x.ndim(), ValueError, "split_microbatches", "dim ", dim,
+                " is out of range for ", x.layout().to_string());
+  if (dim < 0) dim += x.ndim();
+  const Layout& layout = x.layout();
+  const DeviceMesh& mesh = x.device_mesh();
+  const std::vector<int64_t> pieces = layout.piece_sizes(dim);
+  Tensor local;
+  int64_t mine = 0;
+  if (mesh.is_member()) {
+    // A Partial's local gradient is the whole gradient (Replicate), not a share of it.
+    local = x.to_local(gradient_layout(layout).placements());
+    mine = local.shape()[dim];
+  }
+  std::vector<DTensor> parts;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<int64_t> sizes;
+    int64_t total = 0;
+    for (int64_t rows : pieces) {
+      sizes.push_back(part(rows, n, i).second);
+      total += sizes.back();
+    }
+    Shape shape = layout.global_shape();
+    shape[dim] = total;
+    ShardSizes explicit_sizes = layout.explicit_sizes();
+    if (!layout.shard_order(dim).empty())
+      explicit_sizes[dim] = sizes;
+    else
+      explicit_sizes.erase(dim);
+    const Layout part_layout(shape, layout.dtype(), layout.mesh(), layout.placements(), layout.shard_orders(),
+                             explicit_sizes);
+    const auto [begin, length] = part(mine, n, i);
+    parts.push_back(mesh.is_member() ? DTensor(local.narrow(dim, begin, length), mesh, part_layout)
+                                     : DTensor(Tensor(), mesh, part_layout));
+  }
+  return parts;
+}
+
+DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& step, const std::vector<DTensor>& inputs,
+                   int64_t dim, int64_t n, MicrobatchLoss loss) {
+  TESSERA_CHECK(!inputs.empty(), ValueError, "microbatch", "no inputs to split");
+  const Layout& first = inputs.front().layout();
+  const int64_t d = dim < 0 ? dim + first.ndim() : dim;
+  for (const DTensor& x : inputs) {
+    TESSERA_CHECK(x.defined() && d >= 0 && d < x.ndim() && x.layout().mesh() == first.mesh() &&
+                      x.layout().piece_sizes(d) == first.piece_sizes(d) &&
+                      x.layout().shard_order(d) == first.shard_order(d),
+                  ShardingError, "microbatch", "every input needs the first input's layout along dim ", dim,
+                  " so their microbatches hold the same rows: ", first.to_string(), " and ",
+                  x.defined() ? x.layout().to_string() : "(undefined)");
+  }
+  std::vector<std::vector<DTensor>> slices;
+  for (const DTensor& x : inputs) slices.push_back(split_microbatches(x, d, n));
+  const double rows = static_cast<double>(first.global_shape()[d]);
+  DTensor total;
+  for (int64_t i = 0; i < n; ++i) {
+    std::vector<DTensor> args;
+    for (const auto& s : slices) args.push_back(s[static_cast<size_t>(i)]);
+    if (args.front().shape()[d] == 0) continue;  // fewer rows than microbatches: nothing to add
+    const double share = loss == MicrobatchLoss::sum || rows == 0
+                             ? 1.0
+                             : static_cast<double>(args.front().shape()[d]) / rows;
+    const DTensor scaled = step(args) * Scalar(share);
+    scaled.backward();
+    total = i == 0 ? scaled.detach() : total + scaled.detach();
+  }
+  TESSERA_CHECK(total.defined(), ValueError, "microbatch", "the inputs have no rows along dim ", dim, " (",
+                first.to_string(), ")");
+  return total;
+}
+
+}  // namespace tessera::mpmd

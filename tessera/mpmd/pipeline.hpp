@@ -1,0 +1,84 @@
+#pragma once
+// Pipeline parallelism (multimesh.jax / GPipe / PipeDream's 1F1B): a model split into stages,
+// each a function on its own submesh (itself dp x tp as any mesh), a step run as n microbatches
+// flowing through the stages. Activations travel forward and their gradients back across stage
+// boundaries as each rank's local block, by isend/irecv between the ranks at the same
+// coordinates of neighbouring stages; each stage runs autograd on its own piece of the graph.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <tessera/core/export.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+
+namespace tessera TESSERA_API {
+namespace mpmd {
+
+/// The order in which a stage runs its microbatches' forward (F) and backward (B) passes.
+enum class Schedule : uint8_t {
+  gpipe,        ///< every F, then every B: simple, holds n microbatches' activations
+  one_f_one_b,  ///< after S - 1 - s warm-up Fs, stage s alternates F and B: holds at most S - s
+};
+
+/// One stage: the submesh it runs on and its forward (its parameters live on that mesh).
+struct Stage {
+  DeviceMesh mesh;
+  std::function<DTensor(const DTensor&)> forward;
+};
+
+struct PipelineOptions {
+  Schedule schedule = Schedule::one_f_one_b;
+  int64_t microbatches = 4;
+  int64_t batch_dim = 0;  ///< the dim of the input and target the microbatches split
+};
+
+/// What the last step did on this rank.
+struct PipelineStats {
+  double step_seconds = 0;        ///< this rank's wall time in step()
+  double wait_seconds = 0;        ///< of which waiting for activations or gradients
+  int64_t bytes_sent = 0;         ///< across stage boundaries (headers included)
+  int64_t bytes_received = 0;
+  /// (S - 1) / (n + S - 1): the idle share of the schedule with equal stage times.
+  double ideal_bubble = 0;
+  /// wait_seconds / step_seconds: the share this rank spent idle.
+  double bubble() const { return step_seconds > 0 ? wait_seconds / step_seconds : 0; }
+};
+
+/// A model split into stages on disjoint submeshes of one shape (every world rank in at most
+/// one stage), with a loss on the last stage's output. Constructed and stepped by every rank of
+/// the world. Throws ShardingError for no stages, stage meshes of different shapes or sharing a
+/// rank, ValueError for fewer than 1 microbatch.
+class Pipeline {
+ public:
+  using Loss = std::function<DTensor(const DTensor& output, const DTensor& target)>;
+  Pipeline(std::vector<Stage> stages, Loss loss, PipelineOptions options = {});
+
+  /// One forward and backward over options.microbatches microbatches: `input` lives on the first
+  /// stage's mesh, `target` on the last's (elsewhere their handles are ignored). The loss is a
+  /// mean over rows: microbatch i's loss counts by its share of the rows, so the stages'
+  /// parameters accumulate (in their .grad) the unsplit step's gradients up to the order of
+  /// summation. Returns the step's loss on every rank of the world. An error on any rank (a
+  /// stage that throws) fails the step on every rank rather than leaving one waiting.
+  double step(const DTensor& input, const DTensor& target);
+
+  const PipelineStats& stats() const { return stats_; }
+  int64_t stages() const { return static_cast<int64_t>(stages_.size()); }
+  /// This rank's stage, or -1.
+  int64_t my_stage() const { return me_; }
+  /// "stage 1: F0 F1 B0 F2 B1 ..." for every stage: the schedule as run.
+  std::string describe() const;
+
+ private:
+  std::vector<Stage> stages_;
+  Loss loss_;
+  PipelineOptions options_;
+  int64_t me_ = -1;
+  PipelineStats stats_;
+};
+
+/// The actions of stage s of S over n microbatches: (forward?, microbatch) in order.
+std::vector<std::pair<bool, int64_t>> schedule_actions(Schedule schedule, int64_t s, int64_t stages, int64_t n);
+
+}  // namespace mpmd
+}  // namespace tessera

@@ -1,0 +1,52 @@
+#pragma once
+// multimesh.jax's tasks: a function that runs on one submesh only. Every rank of the world calls
+// a task in program order (SPMD); the ranks of its mesh run it, the others skip it and get
+// handles of its outputs (layouts, no data). DTensor inputs living on another mesh move onto the
+// task's mesh through the planner first; outputs stay on the task's mesh until a consumer moves
+// them.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <tessera/core/export.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+
+namespace tessera TESSERA_API {
+namespace mpmd {
+
+using TaskFn = std::function<std::vector<DTensor>(const std::vector<DTensor>&)>;
+
+class Task {
+ public:
+  Task(std::string name, DeviceMesh mesh, TaskFn fn);
+
+  /// Runs the task: inputs on another mesh are moved onto the task's (their placements kept
+  /// where the meshes have as many dims, a Partial reduced on its own mesh first; Replicate
+  /// otherwise), the task's ranks run fn, and the first of them tells every other rank the
+  /// outputs' layouts. Called by every rank of the world, in the same order. Throws
+  /// ShardingError naming the task when fn returns a DTensor on another mesh; an error inside fn
+  /// fails the call on the task's ranks (and, through the missing layouts, on the others).
+  std::vector<DTensor> operator()(const std::vector<DTensor>& inputs) const;
+
+  const std::string& name() const { return name_; }
+  const DeviceMesh& mesh() const { return mesh_; }
+
+ private:
+  std::string name_;
+  DeviceMesh mesh_;
+  TaskFn fn_;
+};
+
+/// task(name, mesh, fn): a Task.
+Task task(std::string name, DeviceMesh mesh, TaskFn fn);
+/// Tasks named by a glob pattern ('*' any run, '?' one character) run on `mesh` (a later
+/// registration wins). Per rank: every rank registers the same patterns.
+void register_task(std::string pattern, DeviceMesh mesh);
+/// A task on the mesh of the latest registered pattern matching `name`; ShardingError naming
+/// the patterns when none matches.
+Task task(std::string name, TaskFn fn);
+/// Moves x onto `mesh` as a task input does (every rank of the world calls it).
+DTensor to_mesh(const DTensor& x, const DeviceMesh& mesh);
+
+}  // namespace mpmd
+}  // namespace tessera

@@ -1,0 +1,228 @@
+// Pipeline parallelism and microbatching equal the unsplit step: an MLP of four layers, its
+// layers split into 2-4 stages (uneven stage sizes) on the submeshes of a pp x dp MultiMesh, run
+// by GPipe and 1F1B over several microbatch counts; the loss and every layer's gradient match
+// the single-device computation (f64, 1e-12). Also the schedules' shape, and a stage that throws.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/mpmd/microbatch.hpp>
+#include <tessera/mpmd/multimesh.hpp>
+#include <tessera/mpmd/pipeline.hpp>
+#include <tessera/ops/ops.hpp>
+
+#include "rank_test_util.hpp"
+#include "sharded_inputs.hpp"
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+using namespace tessera::mpmd;
+
+namespace {
+
+constexpr int64_t kWidth = 6, kLayers = 4, kBatch = 10;
+
+Tensor smooth(const Shape& shape, double seed) {
+  return sin(arange(shape.numel()).to(DType::f64) * 0.61 + seed).reshape(shape) * 0.7;
+}
+
+// Layer k: x -> tanh(x W_k + b_k) (the last without tanh).
+Tensor reference_layer(const Tensor& x, const Tensor& w, const Tensor& b, bool last) {
+  const Tensor y = matmul(x, w) + b;
+  return last ? y : tanh(y);
+}
+DTensor layer(const DTensor& x, const DTensor& w, const DTensor& b, bool last) {
+  const DTensor y = matmul(x, w) + b;
+  return last ? y : tanh(y);
+}
+
+struct Reference {
+  double loss;
+  std::vector<Tensor> weight_grads, bias_grads;
+};
+
+Reference unsplit(const Tensor& input, const Tensor& target) {
+  std::vector<Tensor> ws, bs;
+  Tensor x = input;
+  for (int64_t k = 0; k < kLayers; ++k) {
+    ws.push_back(smooth({kWidth, kWidth}, 0.3 * static_cast<double>(k)).requires_grad_());
+    bs.push_back(smooth({kWidth}, 1.0 + static_cast<double>(k)).requires_grad_());
+    x = reference_layer(x, ws.back(), bs.back(), k + 1 == kLayers);
+  }
+  const Tensor loss = mse_loss(x, target);
+  loss.backward();
+  Reference r{loss.item<double>(), {}, {}};
+  for (int64_t k = 0; k < kLayers; ++k) {
+    r.weight_grads.push_back(ws[static_cast<size_t>(k)].grad());
+    r.bias_grads.push_back(bs[static_cast<size_t>(k)].grad());
+  }
+  return r;
+}
+
+// The MLP's layers [first, first + count) as one stage on `mesh` (parameters Replicate there).
+struct StageParams {
+  std::vector<DTensor> weights, biases;
+  std::vector<int64_t> layers;
+};
+
+// Runs the pipeline on every pp x dp factorisation of the world with pp >= 2 and compares.
+void expect_pipeline_equals_unsplit(Schedule schedule, int64_t microbatches) {
+  const int n = world_size();
+  const Tensor input = smooth({kBatch, kWidth}, 0.2), target = smooth({kBatch, kWidth}, 2.9);
+  const Reference expected = unsplit(input, target);
+  for (int pp = 2; pp <= std::min(n, 4); ++pp) {
+    if (n % pp) continue;
+    const int dp = n / pp;
+    const MultiMesh mm({pp, dp}, {"pp", "dp"});
+    const std::vector<DeviceMesh> meshes = mm.split("pp");
+    // Uneven stages: the first stage takes the remainder of the layers.
+    std::vector<int64_t> sizes(static_cast<size_t>(pp), kLayers / pp);
+    sizes.front() += kLayers % pp;
+    if (pp == 2) sizes = {1, 3};
+    std::vector<StageParams> params(static_cast<size_t>(pp));
+    std::vector<Stage> stages;
+    int64_t next_layer = 0;
+    for (int s = 0; s < pp; ++s) {
+      StageParams& p = params[static_cast<size_t>(s)];
+      for (int64_t i = 0; i < sizes[static_cast<size_t>(s)]; ++i, ++next_layer) {
+        const int64_t k = next_layer;
+        p.layers.push_back(k);
+        p.weights.push_back(distribute_tensor(smooth({kWidth, kWidth}, 0.3 * static_cast<double>(k)), meshes[static_cast<size_t>(s)], {Replicate{}}).requires_grad_());
+        p.biases.push_back(distribute_tensor(smooth({kWidth}, 1.0 + static_cast<double>(k)), meshes[static_cast<size_t>(s)], {Replicate{}}).requires_grad_());
+      }
+      stages.push_back({meshes[static_cast<size_t>(s)], [&p](const DTensor& x) {
+                          DTensor y = x;
+                          for (size_t i = 0; i < p.layers.size(); ++i)
+                            y = layer(y, p.weights[i], p.biases[i], p.layers[i] + 1 == kLayers);
+                          return y;
+                        }});
+    }
+    Pipeline pipeline(stages, [](const DTensor& y, const DTensor& t) { return mse_loss(y, t); },
+                      {schedule, microbatches, 0});
+    const DeviceMesh& first = meshes.front();
+    const DeviceMesh& last = meshes.back();
+    const DTensor x = distribute_tensor(input, first, {Shard{0}});
+    const DTensor t = distribute_tensor(target, last, {Shard{0}});
+    const double loss = pipeline.step(x, t);
+    const std::string what = "pp " + std::to_string(pp) + " x dp " + std::to_string(dp) + ", " +
+                             std::to_string(microbatches) + " microbatches, " +
+                             (schedule == Schedule::gpipe ? "GPipe" : "1F1B");
+    EXPECT_NEAR(loss, expected.loss, 1e-12 * std::abs(expected.loss)) << what;
+    const int64_t s = pipeline.my_stage();
+    ASSERT_GE(s, 0) << what;
+    const StageParams& mine = params[static_cast<size_t>(s)];
+    for (size_t i = 0; i < mine.layers.size(); ++i) {
+      const auto k = static_cast<size_t>(mine.layers[i]);
+      EXPECT_TRUE(allclose(mine.weights[i].grad().full_tensor(), expected.weight_grads[k], 1e-12, 1e-13))
+          << what << ": layer " << k << " weight gradient";
+      EXPECT_TRUE(allclose(mine.biases[i].grad().full_tensor(), expected.bias_grads[k], 1e-12, 1e-13))
+          << what << ": layer " << k << " bias gradient";
+    }
+    EXPECT_GT(pipeline.stats().bytes_sent + pipeline.stats().bytes_received, 0) << what;
+    EXPECT_NEAR(pipeline.stats().ideal_bubble,
+                static_cast<double>(pp - 1) / static_cast<double>(microbatches + pp - 1), 1e-15);
+  }
+}
+
+}  // namespace
+
+TEST(Pipeline, GPipeEqualsTheUnsplitStep) {
+  for_each_world({2, 4, 6}, [] {
+    for (int64_t microbatches : {1, 3, 4}) expect_pipeline_equals_unsplit(Schedule::gpipe, microbatches);
+  });
+}
+
+TEST(Pipeline, OneFOneBEqualsTheUnsplitStep) {
+  for_each_world({2, 4, 6}, [] {
+    for (int64_t microbatches : {1, 3, 4, 7}) expect_pipeline_equals_unsplit(Schedule::one_f_one_b, microbatches);
+  });
+}
+
+// 1F1B: stage s runs S - 1 - s forwards ahead, then alternates; every microbatch's F precedes
+// its B, each appears once, and the last stage alternates from the start.
+TEST(Pipeline, ScheduleShapes) {
+  for (int64_t stages : {1, 2, 4})
+    for (int64_t n : {1, 2, 4, 8})
+      for (int64_t s = 0; s < stages; ++s) {
+        const auto actions = schedule_actions(Schedule::one_f_one_b, s, stages, n);
+        ASSERT_EQ(static_cast<int64_t>(actions.size()), 2 * n);
+        std::vector<int> forward_at(static_cast<size_t>(n), -1), backward_at(static_cast<size_t>(n), -1);
+        int in_flight = 0, most = 0;
+        for (size_t a = 0; a < actions.size(); ++a) {
+          auto& at = actions[a].first ? forward_at : backward_at;
+          EXPECT_EQ(at[static_cast<size_t>(actions[a].second)], -1);
+          at[static_cast<size_t>(actions[a].second)] = static_cast<int>(a);
+          in_flight += actions[a].first ? 1 : -1;
+          most = std::max(most, in_flight);
+        }
+        for (int64_t i = 0; i < n; ++i) EXPECT_LT(forward_at[static_cast<size_t>(i)], backward_at[static_cast<size_t>(i)]);
+        // 1F1B's point: at most S - s microbatches' activations held, against n for GPipe.
+        EXPECT_LE(most, std::min(stages - s, n));
+        if (s == stages - 1 && n > 1) EXPECT_FALSE(actions[1].first);
+      }
+  const auto gpipe = schedule_actions(Schedule::gpipe, 0, 3, 3);
+  EXPECT_TRUE(gpipe[0].first && gpipe[2].first && !gpipe[3].first);
+}
+
+// microbatch: the step's gradients and loss equal the unsplit step's on a dp-sharded batch.
+TEST(Microbatch, AccumulatesTheUnsplitGradients) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh = line_mesh();
+    const Tensor input = smooth({kBatch + 1, kWidth}, 0.5), target = smooth({kBatch + 1, kWidth}, 1.5);
+    const Tensor w = smooth({kWidth, kWidth}, 0.9), b = smooth({kWidth}, 0.4);
+    Tensor wr = w.clone().requires_grad_(), br = b.clone().requires_grad_();
+    const Tensor expected = mse_loss(reference_layer(input, wr, br, false), target);
+    expected.backward();
+    for (int64_t n : {1, 2, 3, 5}) {
+      DTensor wd = distribute_tensor(w, mesh, {Replicate{}}).requires_grad_();
+      DTensor bd = distribute_tensor(b, mesh, {Replicate{}}).requires_grad_();
+      const DTensor loss = microbatch(
+          [&](const std::vector<DTensor>& in) { return mse_loss(layer(in[0], wd, bd, false), in[1]); },
+          {distribute_tensor(input, mesh, {Shard{0}}), distribute_tensor(target, mesh, {Shard{0}})}, 0, n);
+      EXPECT_NEAR(loss.full_tensor().item<double>(), expected.item<double>(), 1e-12) << n << " microbatches";
+      EXPECT_TRUE(allclose(wd.grad().full_tensor(), wr.grad(), 1e-12, 1e-13)) << n << " microbatches";
+      EXPECT_TRUE(allclose(bd.grad().full_tensor(), br.grad(), 1e-12, 1e-13)) << n << " microbatches";
+    }
+    // Inputs cut differently would pair rows wrongly: refused.
+    EXPECT_TRUE(sharding_error([&] {
+      microbatch([](const std::vector<DTensor>& in) { return sum(in[0]); },
+                 {distribute_tensor(input, mesh, {Shard{0}}), distribute_tensor(target, mesh, {Replicate{}})}, 0, 2);
+    }, {"[microbatch]", "every input needs the first input's layout along dim 0"}));
+  });
+}
+
+TEST(Pipeline, ErrorsNameTheStages) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    if (n < 4) return;
+    const DeviceMesh a({2}, {"dp"}, {0, 1}), b({1, 2}, {"x", "dp"}, {2, 3}), c({2}, {"dp"}, {1, 2});
+    const auto id = [](const DTensor& x) { return x; };
+    const auto loss = [](const DTensor& y, const DTensor&) { return sum(y); };
+    EXPECT_TRUE(sharding_error([&] { Pipeline({{a, id}, {b, id}}, loss); }, {"[Pipeline]", "differs in shape"}));
+    EXPECT_TRUE(sharding_error([&] { Pipeline({{a, id}, {c, id}}, loss); }, {"[Pipeline]", "world rank 1 is in two stages"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { Pipeline({{a, id}}, loss, {Schedule::gpipe, 0, 0}); },
+                                        {"[Pipeline]", "microbatches = 0"}));
+  });
+}
+
+// A stage that throws: every rank's step ends with an error, none is left waiting.
+TEST(Pipeline, AStageThatThrowsFailsEveryRank) {
+  TESSERA_SKIP_UNDER_MPI();
+  EXPECT_THROW(launch(4, [] {
+                 const MultiMesh mm({2, 2}, {"pp", "dp"});
+                 const auto meshes = mm.split("pp");
+                 Pipeline pipeline({{meshes[0], [](const DTensor& x) { return x * Scalar(2.0); }},
+                                    {meshes[1], [](const DTensor& x) -> DTensor {
+                                       if (rank() == 3) throw ValueError("stage 1 failed on purpose");
+                                       return x;
+                                     }}},
+                                   [](const DTensor& y, const DTensor& t) { return mse_loss(y, t); });
+                 const DTensor x = distribute_tensor(smooth({4, 3}, 0.1), meshes[0], {Shard{0}});
+                 const DTensor t = distribute_tensor(smooth({4, 3}, 0.2), meshes[1], {Shard{0}});
+                 pipeline.step(x, t);
+               }),
+               Error);
+}

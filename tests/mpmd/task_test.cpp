@@ -1,0 +1,112 @@
+// MultiMesh and TaskMesh build the submeshes tasks run on; a task runs only on its mesh's ranks,
+// moves inputs from other meshes through the planner (uneven, Partial reduced first), and every
+// other rank gets its outputs' layouts; tasks registered by name pattern.
+#include <gtest/gtest.h>
+
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/mpmd/multimesh.hpp>
+#include <tessera/mpmd/task.hpp>
+#include <tessera/ops/ops.hpp>
+
+#include "rank_test_util.hpp"
+#include "sharded_inputs.hpp"
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+using namespace tessera::mpmd;
+
+TEST(MultiMesh, SlicesAndSplits) {
+  for_each_world({4, 6}, [] {
+    const int n = world_size();
+    if (n % 2) return;
+    const MultiMesh mm({2, n / 2}, {"pp", "dp"});
+    EXPECT_EQ(mm.global().size(), n);
+    const DeviceMesh second = mm.slice({{"pp", 1}});
+    EXPECT_EQ(second.spec().names(), (std::vector<std::string>{"dp"}));
+    std::vector<int> expected;
+    for (int r = n / 2; r < n; ++r) expected.push_back(r);
+    EXPECT_EQ(second.spec().ranks(), expected);
+    EXPECT_EQ(second.is_member(), rank() >= n / 2);
+    const auto stages = mm.split("pp");
+    ASSERT_EQ(stages.size(), 2u);
+    EXPECT_EQ(stages[1].spec().ranks(), expected);
+    EXPECT_TRUE(sharding_error([&] { mm.slice({{"tp", 0}}); }, {"tp"}));
+  });
+}
+
+TEST(TaskMesh, DevicesAndPlace) {
+  for_each_world({4}, [] {
+    if (world_size() < 4) return;
+    const TaskMesh first({0, 1}, {2}, {"dp"});
+    const TaskMesh moved = first.place({3, 2});
+    EXPECT_EQ(moved.devices(), (std::vector<int>{3, 2}));
+    EXPECT_EQ(moved.mesh().spec().names(), (std::vector<std::string>{"dp"}));
+    EXPECT_EQ(moved.mesh().spec().ranks(), (std::vector<int>{3, 2}));
+    EXPECT_EQ(moved.mesh().is_member(), rank() >= 2);
+    EXPECT_TRUE(sharding_error([&] { TaskMesh({0, 0}, {2}, {"dp"}); }, {"[TaskMesh]", "device 0 is listed twice"}));
+    EXPECT_TRUE(sharding_error([&] { TaskMesh({0, 9}, {2}, {"dp"}); }, {"[TaskMesh]", "device 9 is not a rank"}));
+  });
+}
+
+// Two tasks on disjoint halves, a third on an overlapping mesh reading both: inputs move in,
+// each task runs only where its mesh is, and the result equals the unsharded computation.
+TEST(Task, DisjointAndOverlappingSubmeshes) {
+  for_each_world({4, 6}, [] {
+    const int n = world_size();
+    if (n % 2) return;
+    const MultiMesh mm({2, n / 2}, {"half", "x"});
+    const DeviceMesh left = mm.slice({{"half", 0}}), right = mm.slice({{"half", 1}});
+    const Tensor a = data({7, 5}, 1), b = data({7, 5}, 2);
+    int ran_left = 0, ran_right = 0;
+    const Task double_it = task("double", left, [&](const std::vector<DTensor>& in) {
+      ++ran_left;
+      return std::vector<DTensor>{in[0] * Scalar(2.0)};
+    });
+    const Task square_it = task("square", right, [&](const std::vector<DTensor>& in) {
+      ++ran_right;
+      return std::vector<DTensor>{in[0] * in[0]};
+    });
+    // Uneven pieces (7 rows over n / 2), and a Partial source reduced before it moves.
+    const DTensor xa = distribute_tensor(a, left, {Shard{0}});
+    const DTensor xb = sum(distribute_tensor(stack({b, b}), mm.global(), {Shard{0}, Replicate{}}), {0}) * Scalar(0.5);
+    const DTensor ya = double_it({xa})[0];
+    const DTensor yb = square_it({xb})[0];
+    EXPECT_EQ(ran_left, left.is_member() ? 1 : 0);
+    EXPECT_EQ(ran_right, right.is_member() ? 1 : 0);
+    // Every rank knows both outputs' layouts.
+    EXPECT_EQ(ya.layout().mesh(), left.spec());
+    EXPECT_EQ(yb.layout().mesh(), right.spec());
+    EXPECT_EQ(ya.shape(), (Shape{7, 5}));
+    // A task on the whole mesh reads both.
+    const Task combine = task("combine", mm.global(), [](const std::vector<DTensor>& in) {
+      return std::vector<DTensor>{in[0] + in[1]};
+    });
+    const DTensor z = combine({ya, yb})[0];
+    EXPECT_TRUE(allclose(z.full_tensor(), a * 2.0 + b * b, 0, 0));
+    // Outputs on the wrong mesh are refused, naming the task.
+    const Task wrong = task("wrong", left, [&](const std::vector<DTensor>&) { return std::vector<DTensor>{z}; });
+    if (left.is_member()) {
+      EXPECT_TRUE(sharding_error([&] { wrong({}); }, {"[task]", "task 'wrong' returned", "not a DTensor on its mesh"}));
+    }
+  });
+}
+
+TEST(Task, RegisteredByNamePattern) {
+  for_each_world({2, 4}, [] {
+    const int n = world_size();
+    const DeviceMesh first({1}, {"x"}, {0}), rest({n - 1}, {"x"}, [&] {
+      std::vector<int> ranks;
+      for (int r = 1; r < n; ++r) ranks.push_back(r);
+      return ranks;
+    }());
+    register_task("encoder.*", first);
+    register_task("decoder.*", rest);
+    const Task enc = task("encoder.layer0", [](const std::vector<DTensor>& in) { return in; });
+    const Task dec = task("decoder.head", [](const std::vector<DTensor>& in) { return in; });
+    EXPECT_EQ(enc.mesh().spec(), first.spec());
+    EXPECT_EQ(dec.mesh().spec(), rest.spec());
+    EXPECT_TRUE(sharding_error([&] { task("embedding", [](const std::vector<DTensor>& in) { return in; }); },
+                               {"[task]", "no registered pattern matches task 'embedding'", "encoder.*, decoder.*"}));
+  });
+}
