@@ -30,6 +30,7 @@
 #include <tessera/domain/halo.hpp>
 #include <tessera/domain/scatter.hpp>
 #include <tessera/domain/spatial.hpp>
+#include <tessera/mpmd/logical_axes.hpp>
 #include <tessera/mpmd/microbatch.hpp>
 #include <tessera/mpmd/multimesh.hpp>
 #include <tessera/mpmd/pipeline.hpp>

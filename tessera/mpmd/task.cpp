@@ -16,8 +16,13 @@ namespace {
 
 constexpr int kTaskTag = (1 << 20) - 64;  // below the pipeline's tags
 
+struct Registered {
+  std::string pattern;
+  DeviceMesh mesh;
+  LogicalRules rules;
+};
 struct Registry {
-  std::vector<std::pair<std::string, DeviceMesh>> patterns;
+  std::vector<Registered> patterns;
 };
 
 Registry& registry() {
@@ -40,8 +45,8 @@ DTensor to_mesh(const DTensor& x, const DeviceMesh& mesh) {
   return values.redistribute(mesh, placements);
 }
 
-Task::Task(std::string name, DeviceMesh mesh, TaskFn fn)
-    : name_(std::move(name)), mesh_(std::move(mesh)), fn_(std::move(fn)) {
+Task::Task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules)
+    : name_(std::move(name)), mesh_(std::move(mesh)), fn_(std::move(fn)), rules_(std::move(rules)) {
   TESSERA_CHECK(static_cast<bool>(fn_), ShardingError, "task", "task '", name_, "' has no function");
 }
 
@@ -52,7 +57,10 @@ std::vector<DTensor> Task::operator()(const std::vector<DTensor>& inputs) const 
   const int leader = mesh_.spec().ranks().front();
   std::vector<DTensor> outputs;
   if (mesh_.is_member()) {
-    outputs = fn_(moved);
+    {
+      const LogicalAxes scope(rules_);
+      outputs = fn_(moved);
+    }
     for (const DTensor& y : outputs)
       TESSERA_CHECK(y.defined() && y.layout().mesh() == mesh_.spec(), ShardingError, "task", "task '", name_,
                     "' returned ", y.defined() ? y.layout().to_string() : "(undefined)", ", not a DTensor on its mesh ",
@@ -91,18 +99,20 @@ std::vector<DTensor> Task::operator()(const std::vector<DTensor>& inputs) const 
   return outputs;
 }
 
-Task task(std::string name, DeviceMesh mesh, TaskFn fn) { return Task(std::move(name), std::move(mesh), std::move(fn)); }
+Task task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules) {
+  return Task(std::move(name), std::move(mesh), std::move(fn), std::move(rules));
+}
 
-void register_task(std::string pattern, DeviceMesh mesh) {
-  registry().patterns.emplace_back(std::move(pattern), std::move(mesh));
+void register_task(std::string pattern, DeviceMesh mesh, LogicalRules rules) {
+  registry().patterns.push_back({std::move(pattern), std::move(mesh), std::move(rules)});
 }
 
 Task task(std::string name, TaskFn fn) {
   const auto& patterns = registry().patterns;
   for (auto it = patterns.rbegin(); it != patterns.rend(); ++it)
-    if (fnmatch(it->first.c_str(), name.c_str(), 0) == 0) return Task(std::move(name), it->second, std::move(fn));
+    if (fnmatch(it->pattern.c_str(), name.c_str(), 0) == 0) return Task(std::move(name), it->mesh, std::move(fn), it->rules);
   std::string known;
-  for (const auto& [pattern, mesh] : patterns) known += (known.empty() ? "" : ", ") + pattern;
+  for (const Registered& r : patterns) known += (known.empty() ? "" : ", ") + r.pattern;
   TESSERA_CHECK(false, ShardingError, "task", "no registered pattern matches task '", name, "' (patterns: ",
                 known.empty() ? "none" : known, "); call register_task(pattern, mesh) first");
   return Task(std::move(name), DeviceMesh(), std::move(fn));  // not reached

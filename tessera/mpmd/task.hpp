@@ -10,6 +10,7 @@
 
 #include <tessera/core/export.hpp>
 #include <tessera/dtensor/dtensor.hpp>
+#include <tessera/mpmd/logical_axes.hpp>
 
 namespace tessera TESSERA_API {
 namespace mpmd {
@@ -18,7 +19,9 @@ using TaskFn = std::function<std::vector<DTensor>(const std::vector<DTensor>&)>;
 
 class Task {
  public:
-  Task(std::string name, DeviceMesh mesh, TaskFn fn);
+  /// `rules`: the logical axis rules in force while fn runs (LogicalAxes), so the same model code
+  /// shards differently per task.
+  Task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules = {});
 
   /// Runs the task: inputs on another mesh are moved onto the task's (their placements kept
   /// where the meshes have as many dims, a Partial reduced on its own mesh first; Replicate
@@ -30,20 +33,22 @@ class Task {
 
   const std::string& name() const { return name_; }
   const DeviceMesh& mesh() const { return mesh_; }
+  const LogicalRules& rules() const { return rules_; }
 
  private:
   std::string name_;
   DeviceMesh mesh_;
   TaskFn fn_;
+  LogicalRules rules_;
 };
 
 /// task(name, mesh, fn): a Task.
-Task task(std::string name, DeviceMesh mesh, TaskFn fn);
-/// Tasks named by a glob pattern ('*' any run, '?' one character) run on `mesh` (a later
-/// registration wins). Per rank: every rank registers the same patterns.
-void register_task(std::string pattern, DeviceMesh mesh);
-/// A task on the mesh of the latest registered pattern matching `name`; ShardingError naming
-/// the patterns when none matches.
+Task task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules = {});
+/// Tasks named by a glob pattern ('*' any run, '?' one character) run on `mesh` under `rules` (a
+/// later registration wins). Per rank: every rank registers the same patterns.
+void register_task(std::string pattern, DeviceMesh mesh, LogicalRules rules = {});
+/// A task on the mesh (and rules) of the latest registered pattern matching `name`;
+/// ShardingError naming the patterns when none matches.
 Task task(std::string name, TaskFn fn);
 /// Moves x onto `mesh` as a task input does (every rank of the world calls it).
 DTensor to_mesh(const DTensor& x, const DeviceMesh& mesh);
