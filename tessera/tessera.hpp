@@ -33,5 +33,6 @@
 #include <tessera/mpmd/logical_axes.hpp>
 #include <tessera/mpmd/microbatch.hpp>
 #include <tessera/mpmd/multimesh.hpp>
+#include <tessera/mpmd/parallelize.hpp>
 #include <tessera/mpmd/pipeline.hpp>
 #include <tessera/mpmd/task.hpp>

@@ -1,0 +1,123 @@
+// parallelize's estimates against measured step times, in the same run: the transformer LM on a
+// 1-d or 2-d mesh of in-process ranks; mpmd::plan_parallelism prices every candidate plan (its
+// compute from one measured unsharded step, its communication by the planner's cost model), then
+// each candidate is applied to a fresh model and its forward + loss + backward timed (median of
+// --reps steps after a warm-up, the slowest rank). Prints estimate, measurement and their ratio
+// per plan, and whether the chosen plan was also the fastest measured. Nothing is asserted.
+//
+// Usage: tessera_parallelize_bench [--ranks 4] [--mesh 1|2] [--batch 16] [--seq 32] [--dim 64]
+//        [--hidden 256] [--vocab 256] [--layers 2] [--reps 5]
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <tessera/tessera.hpp>
+
+using namespace tessera;
+
+namespace {
+
+struct Options {
+  int64_t mesh_dims = 1, batch = 16, seq = 32, dim = 64, hidden = 256, vocab = 256, layers = 2;
+  int reps = 5;
+};
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string flag = argv[i];
+    const int64_t value = std::atoll(argv[i + 1]);
+    if (flag == "--mesh") o.mesh_dims = value;
+    if (flag == "--batch") o.batch = value;
+    if (flag == "--seq") o.seq = value;
+    if (flag == "--dim") o.dim = value;
+    if (flag == "--hidden") o.hidden = value;
+    if (flag == "--vocab") o.vocab = value;
+    if (flag == "--layers") o.layers = value;
+    if (flag == "--reps") o.reps = static_cast<int>(value);
+  }
+  return o;
+}
+
+nn::TransformerConfig config_of(const Options& o) {
+  nn::TransformerConfig c;
+  c.vocab = o.vocab;
+  c.dim = o.dim;
+  c.heads = 4;
+  c.layers = o.layers;
+  c.max_seq = o.seq;
+  c.hidden = o.hidden;
+  return c;
+}
+
+std::pair<Tensor, Tensor> tokens(const Options& o) {
+  std::vector<int64_t> ids(static_cast<size_t>(o.batch * o.seq)), next(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int64_t>((i * 7 + 3) % static_cast<size_t>(o.vocab));
+    next[i] = static_cast<int64_t>((i * 7 + 10) % static_cast<size_t>(o.vocab));
+  }
+  return {from_vector(ids, Shape{o.batch, o.seq}), from_vector(next, Shape{o.batch, o.seq})};
+}
+
+// Median over reps of forward + loss + backward, the slowest rank's, in us.
+double measure(nn::TransformerLM& model, const mpmd::PlanEstimate& plan, const Options& o) {
+  const DeviceMesh& mesh = model.mesh();
+  Placements data(static_cast<size_t>(mesh.ndim()), Replicate{});
+  for (const auto& a : plan.dp_axes) data[static_cast<size_t>(mesh.spec().dim_of(a))] = Shard{0};
+  const auto [ids, next] = tokens(o);
+  const DTensor x = distribute_tensor(ids, mesh, data), t = distribute_tensor(next, mesh, data);
+  std::vector<double> times;
+  for (int i = 0; i <= o.reps; ++i) {
+    world().barrier();
+    const auto start = std::chrono::steady_clock::now();
+    model.loss(x, t).backward();
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    world().all_reduce(&us, 1, DType::f64, ReduceOp::max);
+    if (i > 0) times.push_back(us);
+    model.zero_grad();
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  return run(argc, argv, [&] {
+    const int n = world_size();
+    const DeviceMesh mesh = o.mesh_dims == 2 && n % 2 == 0 ? DeviceMesh({2, n / 2}, {"dp", "tp"}) : DeviceMesh({n}, {"x"});
+    const nn::TransformerConfig c = config_of(o);
+    mpmd::ParallelizeOptions options;
+    options.batch = o.batch;
+    options.seq = o.seq;
+    options.print = false;
+    manual_seed(1);
+    nn::TransformerLM probe(mesh, c);
+    const mpmd::ParallelPlan plan = mpmd::plan_parallelism(probe, 0, options);
+    if (rank() == 0)
+      std::printf("transformer LM: %lld layers, dim %lld, hidden %lld, vocab %lld; step [%lld, %lld] tokens on %s\n\n%s\n",
+                  static_cast<long long>(c.layers), static_cast<long long>(c.dim), static_cast<long long>(c.hidden),
+                  static_cast<long long>(c.vocab), static_cast<long long>(o.batch), static_cast<long long>(o.seq),
+                  mesh.to_string().c_str(), plan.to_string().c_str());
+    if (rank() == 0) std::printf("%-24s %12s %12s %10s\n", "plan", "estimate us", "measured us", "meas/est");
+    std::string fastest;
+    double best = 1e300;
+    for (const mpmd::PlanEstimate& e : plan.candidates) {
+      manual_seed(1);
+      nn::TransformerLM model(mesh, c);
+      if (!e.tp_axis.empty()) nn::parallelize_module(model, e.tp_axis, nn::transformer_tp_plan());
+      if (e.fsdp) nn::fully_shard(model, e.dp_axes.front());
+      const double measured = measure(model, e, o);
+      if (measured < best) best = measured, fastest = e.name;
+      if (rank() == 0)
+        std::printf("%-24s %12.0f %12.0f %10.2f\n", e.name.c_str(), e.estimated_us(), measured, measured / e.estimated_us());
+    }
+    if (rank() == 0)
+      std::printf("\nchosen: %s; fastest measured: %s\n", plan.chosen.name.c_str(), fastest.c_str());
+  });
+}
