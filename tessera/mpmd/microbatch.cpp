@@ -16,6 +16,17 @@ std::pair<int64_t, int64_t> part(int64_t rows, int64_t n, int64_t i) {
 
 }  // namespace
 
+std::vector<int64_t> microbatch_rows(const std::vector<int64_t>& pieces, int64_t n, int64_t i) {
+  std::vector<int64_t> rows;
+  int64_t start = 0;
+  for (int64_t size : pieces) {
+    const auto [begin, length] = part(size, n, i);
+    for (int64_t r = 0; r < length; ++r) rows.push_back(start + begin + r);
+    start += size;
+  }
+  return rows;
+}
+
 std::vector<DTensor> split_microbatches(const DTensor& x, int64_t dim, int64_t n) {
   TESSERA_CHECK(x.defined(), ValueError, "split_microbatches", "undefined DTensor");
   TESSERA_CHECK(n >= 1, ValueError, "split_microbatches", "n = ", n, " microbatches; need at least 1");

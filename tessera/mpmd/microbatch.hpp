@@ -18,6 +18,10 @@ namespace mpmd {
 /// Throws ValueError for n < 1 or a dim out of range.
 std::vector<DTensor> split_microbatches(const DTensor& x, int64_t dim, int64_t n);
 
+/// The global rows (in order) that microbatch i of n holds when the dim's pieces have sizes
+/// `pieces` (a layout's piece_sizes(dim)): part i of every piece. Pure.
+std::vector<int64_t> microbatch_rows(const std::vector<int64_t>& pieces, int64_t n, int64_t i);
+
 /// How a step's loss combines over its microbatches.
 enum class MicrobatchLoss : uint8_t {
   mean,  ///< the step's loss is a mean over rows: microbatch i's counts by its share of the rows

@@ -234,8 +234,8 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_by
                   p->layout().to_string(), "; parallelize takes an unsharded model");
   const double unsharded = options.unsharded_step_us > 0 ? options.unsharded_step_us
                                                          : measure_unsharded_step_us(model, options);
-  CostModel cost = CostModel::for_backend(world().backend());
-  if (options.unsharded_step_us <= 0) cost.call_us = std::max(cost.call_us, measure_call_us(model.mesh()));
+  CostModel cost = options.cost.value_or(CostModel::for_backend(world().backend()));
+  if (!options.cost) cost.call_us = std::max(cost.call_us, measure_call_us(model.mesh()));
   ParallelPlan result;
   result.cost = cost;
   result.candidates = candidates_of(model.mesh().spec());

@@ -13,6 +13,7 @@
 // and its memory per rank (parameters, gradients and AdamW moments by their shards, the linear
 // layers' saved activations) is checked against the budget.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,8 @@ struct ParallelizeOptions {
   /// The measured time of one unsharded step (forward, loss, backward) on this mesh, in us; 0:
   /// parallelize measures it (one warm-up and three timed steps, the median, the slowest rank).
   double unsharded_step_us = 0;
+  /// The communication model; default: the running backend's, its call latency re-measured here.
+  std::optional<CostModel> cost;
 };
 
 /// One candidate plan and its estimate.

@@ -16,12 +16,14 @@
 #include <tessera/mpmd/detail/layout_wire.hpp>
 #include <tessera/mpmd/microbatch.hpp>
 #include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/block_exchange.hpp>
 
 namespace tessera::mpmd {
 
 namespace {
 
-// Microbatch i's messages: header length, header, activation, gradient.
+// Microbatch i's messages: header length, header (the activation's layout and the input's pieces
+// along the batch dim), activation, gradient.
 constexpr int kTagBase = 1 << 20;
 int tag(int64_t microbatch, int kind) { return kTagBase + static_cast<int>(4 * microbatch) + kind; }
 enum Kind { kHeaderLength = 0, kHeader = 1, kActivation = 2, kGradient = 3 };
@@ -43,11 +45,30 @@ struct Outbox {
   }
 };
 
-// A rank's view of its stage's neighbours: the world ranks at its coordinates in the stages
-// before and after (-1 at the ends).
-struct Neighbours {
-  int previous = -1, next = -1;
-};
+// Where an activation of one stage lands on the next stage's mesh: the same layout where the
+// meshes have one shape; otherwise each mesh dim of the destination takes the placement of the
+// source's mesh dim of the same name (Replicate where there is none).
+Layout arriving_layout(const Layout& src, const MeshSpec& dst) {
+  const MeshSpec& from = src.mesh();
+  if (from.shape() == dst.shape())
+    return Layout(src.global_shape(), src.dtype(), dst, src.placements(), src.shard_orders(), src.explicit_sizes());
+  Placements placements(static_cast<size_t>(dst.ndim()), Replicate{});
+  for (int64_t m = 0; m < dst.ndim(); ++m) {
+    const auto& names = from.names();
+    const auto it = std::find(names.begin(), names.end(), dst.names()[static_cast<size_t>(m)]);
+    if (it != names.end() && is_shard(src.placements()[static_cast<size_t>(it - names.begin())]))
+      placements[static_cast<size_t>(m)] = src.placements()[static_cast<size_t>(it - names.begin())];
+  }
+  return Layout(src.global_shape(), src.dtype(), dst, placements);
+}
+
+// The part of a rank's block (of `layout`, at `coordinate`) that a transfer's box covers.
+Tensor piece_of_block(const Tensor& local, const Layout& layout, const std::vector<int64_t>& coordinate, const Block& box) {
+  const Block mine = layout.block(coordinate);
+  Tensor piece = local;
+  for (int64_t d = 0; d < layout.ndim(); ++d) piece = piece.narrow(d, box.begin[d] - mine.begin[d], box.end[d] - box.begin[d]);
+  return piece;
+}
 
 }  // namespace
 
@@ -76,12 +97,8 @@ Pipeline::Pipeline(std::vector<Stage> stages, Loss loss, PipelineOptions options
   TESSERA_CHECK(options_.microbatches >= 1, ValueError, "Pipeline", "microbatches = ", options_.microbatches,
                 "; need at least 1");
   std::set<int> seen;
-  const MeshSpec& first = stages_.front().mesh.spec();
   for (size_t s = 0; s < stages_.size(); ++s) {
     const MeshSpec& spec = stages_[s].mesh.spec();
-    TESSERA_CHECK(spec.shape() == first.shape(), ShardingError, "Pipeline", "stage ", s, "'s mesh ", spec.to_string(),
-                  " differs in shape from stage 0's ", first.to_string(),
-                  "; stage boundaries move blocks between the ranks at the same coordinates");
     for (int r : spec.ranks())
       TESSERA_CHECK(seen.insert(r).second, ShardingError, "Pipeline", "world rank ", r, " is in two stages (stage ",
                     s, "'s mesh ", spec.to_string(), ")");
@@ -113,10 +130,10 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
     const DeviceMesh& mesh = stage.mesh;
     const MeshSpec& spec = mesh.spec();
     const auto index = static_cast<size_t>(std::find(spec.ranks().begin(), spec.ranks().end(), rank()) - spec.ranks().begin());
-    Neighbours peers;
-    if (me_ > 0) peers.previous = stages_[static_cast<size_t>(me_ - 1)].mesh.spec().ranks()[index];
-    if (me_ + 1 < count) peers.next = stages_[static_cast<size_t>(me_ + 1)].mesh.spec().ranks()[index];
+    const std::vector<int64_t> coordinate = mesh.coordinate();
     const bool first = me_ == 0, last = me_ + 1 == count;
+    const MeshSpec* previous = first ? nullptr : &stages_[static_cast<size_t>(me_ - 1)].mesh.spec();
+    const MeshSpec* next = last ? nullptr : &stages_[static_cast<size_t>(me_ + 1)].mesh.spec();
     std::vector<DTensor> inputs, targets;
     if (first) {
       TESSERA_CHECK(input.defined() && input.layout().mesh() == spec, ShardingError, "Pipeline::step", "the input ",
@@ -124,13 +141,31 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
                     spec.to_string());
       inputs = split_microbatches(input, options_.batch_dim, n);
     }
-    if (last) {
+    if (last)
       TESSERA_CHECK(target.defined() && target.layout().mesh() == spec, ShardingError, "Pipeline::step",
                     "the target ", target.defined() ? target.layout().to_string() : "(undefined)",
                     " is not on the last stage's mesh ", spec.to_string());
-      targets = split_microbatches(target, options_.batch_dim, n);
-    }
+    // The input's pieces along the batch dim decide which rows each microbatch holds; they
+    // travel in every header, so the last stage picks the same rows of the target.
+    std::vector<int64_t> input_pieces;
+    if (first) input_pieces = input.layout().piece_sizes(options_.batch_dim);
+    const auto target_of = [&](int64_t i) {
+      if (targets.empty()) {
+        if (target.layout().piece_sizes(options_.batch_dim) == input_pieces) {
+          targets = split_microbatches(target, options_.batch_dim, n);  // the same rows, nothing moves
+        } else {
+          const Placements whole(static_cast<size_t>(mesh.ndim()), Replicate{});
+          for (int64_t k = 0; k < n; ++k) {
+            const std::vector<int64_t> rows = microbatch_rows(input_pieces, n, k);
+            const DTensor index = DTensor::from_local(from_vector(rows, Shape{static_cast<int64_t>(rows.size())}), mesh, whole);
+            targets.push_back(index_select(target, options_.batch_dim, index));
+          }
+        }
+      }
+      return targets[static_cast<size_t>(i)];
+    };
     std::vector<DTensor> received(static_cast<size_t>(n)), produced(static_cast<size_t>(n));
+    std::vector<Layout> source_layouts(static_cast<size_t>(n));  // each activation's layout on the stage before
     DTensor loss_total;
     Outbox outbox;
     const auto wait = [&](const Work& w) {
@@ -144,27 +179,53 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       outbox.works.push_back(comm.isend(block.raw_data(), block.numel(), block.dtype(), peer, message));
       stats_.bytes_sent += block.numel() * itemsize(block.dtype());
     };
+    // Moves a tensor across a boundary as the direct exchange of its blocks: each piece of a
+    // destination block from one source rank holding it. Both sides compute the same transfers.
+    const auto send_pieces = [&](const Tensor& local, const Layout& from, const Layout& to, int message) {
+      for (const Transfer& t : direct_exchange(from, to))
+        if (t.src_rank == rank()) send_block(piece_of_block(local, from, coordinate, t.block), t.dst_rank, message);
+    };
+    const auto receive_pieces = [&](const Layout& from, const Layout& to, int message) {
+      Tensor local = empty(to.local_shape(coordinate), to.dtype());
+      std::vector<std::pair<Tensor, Block>> pieces;
+      std::vector<Work> works;
+      for (const Transfer& t : direct_exchange(from, to)) {
+        if (t.dst_rank != rank()) continue;
+        Tensor piece = empty(t.block.shape(), to.dtype());
+        works.push_back(comm.irecv(piece.raw_data(), piece.numel(), piece.dtype(), t.src_rank, message));
+        stats_.bytes_received += piece.numel() * itemsize(piece.dtype());
+        pieces.emplace_back(piece, t.block);
+      }
+      for (const Work& w : works) wait(w);
+      for (const auto& [piece, box] : pieces) piece_of_block(local, to, coordinate, box).copy_(piece);
+      return local;
+    };
     const auto forward = [&](int64_t i) {
       DTensor x;
       if (first) {
         x = inputs[static_cast<size_t>(i)];
       } else {
-        // The header (the activation's layout) first: it sizes the block that follows.
+        // The header (the activation's layout on the previous stage) first, from the rank of the
+        // previous stage that serves this one; then the pieces of this rank's block.
+        const int from_rank = previous->ranks()[index % previous->ranks().size()];
         int64_t length = 0;
-        wait(comm.irecv(&length, 1, DType::i64, peers.previous, tag(i, kHeaderLength)));
+        wait(comm.irecv(&length, 1, DType::i64, from_rank, tag(i, kHeaderLength)));
         std::vector<int64_t> words(static_cast<size_t>(length));
-        wait(comm.irecv(words.data(), length, DType::i64, peers.previous, tag(i, kHeader)));
-        const Layout layout = detail::decode_layout(words, spec);
-        Tensor block = empty(layout.local_shape(mesh.coordinate()), layout.dtype());
-        wait(comm.irecv(block.raw_data(), block.numel(), block.dtype(), peers.previous, tag(i, kActivation)));
-        stats_.bytes_received += (1 + length) * 8 + block.numel() * itemsize(block.dtype());
-        x = DTensor(block, mesh, layout);
+        wait(comm.irecv(words.data(), length, DType::i64, from_rank, tag(i, kHeader)));
+        stats_.bytes_received += (1 + length) * 8;
+        // [layout length, layout words, the input's batch pieces]
+        const auto layout_end = words.begin() + 1 + words.front();
+        const Layout from = detail::decode_layout(std::vector<int64_t>(words.begin() + 1, layout_end), *previous);
+        input_pieces.assign(layout_end, words.end());
+        const Layout to = arriving_layout(from, spec);
+        x = DTensor(receive_pieces(from, to, tag(i, kActivation)), mesh, to);
+        source_layouts[static_cast<size_t>(i)] = from;
         if (is_floating(x.dtype())) x.requires_grad_();
       }
       received[static_cast<size_t>(i)] = x;
-      const DTensor y = stage.forward(x);
+      DTensor y = stage.forward(x);
       if (last) {
-        const DTensor& t = targets[static_cast<size_t>(i)];
+        const DTensor t = target_of(i);
         const int64_t rows = target.shape()[options_.batch_dim];
         const double share = rows > 0 ? static_cast<double>(t.shape()[options_.batch_dim]) / static_cast<double>(rows) : 1.0;
         // An empty microbatch (fewer rows than microbatches) adds nothing, but still runs its
@@ -174,15 +235,27 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
         loss_total = loss_total.defined() ? loss_total + loss.detach() : loss.detach();
         return;
       }
-      auto header = std::make_shared<std::vector<int64_t>>(detail::encode_layout(y.layout()));
+      // A Partial activation is reduced on this stage first: blocks of values cross the boundary.
+      Placements values = y.placements();
+      bool partial = false;
+      for (auto& p : values)
+        if (is_partial(p)) p = Replicate{}, partial = true;
+      if (partial) y = y.redistribute(values);
+      const std::vector<int64_t> layout_words = detail::encode_layout(y.layout());
+      auto header = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(layout_words.size()));
+      header->insert(header->end(), layout_words.begin(), layout_words.end());
+      header->insert(header->end(), input_pieces.begin(), input_pieces.end());
       auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(header->size()));
       outbox.headers.push_back(length);
       outbox.headers.push_back(header);
-      outbox.works.push_back(comm.isend(length->data(), 1, DType::i64, peers.next, tag(i, kHeaderLength)));
-      outbox.works.push_back(comm.isend(header->data(), static_cast<int64_t>(header->size()), DType::i64, peers.next,
-                                        tag(i, kHeader)));
-      stats_.bytes_sent += static_cast<int64_t>(1 + header->size()) * 8;
-      send_block(y.to_local(), peers.next, tag(i, kActivation));
+      for (size_t j = index; j < next->ranks().size(); j += spec.ranks().size()) {
+        const int to_rank = next->ranks()[j];
+        outbox.works.push_back(comm.isend(length->data(), 1, DType::i64, to_rank, tag(i, kHeaderLength)));
+        outbox.works.push_back(comm.isend(header->data(), static_cast<int64_t>(header->size()), DType::i64, to_rank,
+                                          tag(i, kHeader)));
+        stats_.bytes_sent += static_cast<int64_t>(1 + header->size()) * 8;
+      }
+      send_pieces(y.to_local(), y.layout(), arriving_layout(y.layout(), *next), tag(i, kActivation));
       produced[static_cast<size_t>(i)] = y;
     };
     const auto backward = [&](int64_t i) {
@@ -190,17 +263,15 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       if (last) {
         y.backward();
       } else {
-        const Layout grad_layout = gradient_layout(y.layout());
-        Tensor grad = empty(grad_layout.local_shape(mesh.coordinate()), y.dtype());
-        wait(comm.irecv(grad.raw_data(), grad.numel(), grad.dtype(), peers.next, tag(i, kGradient)));
-        stats_.bytes_received += grad.numel() * itemsize(grad.dtype());
-        y.backward(DTensor(grad, mesh, grad_layout));
+        // The gradient comes back the way the activation went, block pieces in reverse.
+        const Layout there = arriving_layout(y.layout(), *next);
+        y.backward(DTensor(receive_pieces(there, y.layout(), tag(i, kGradient)), mesh, y.layout()));
       }
       if (!first) {
         const DTensor& x = received[static_cast<size_t>(i)];
         const DTensor g = x.grad();
-        send_block(g.defined() ? g.to_local() : zeros(x.to_local().shape(), x.dtype()), peers.previous,
-                   tag(i, kGradient));
+        send_pieces(g.defined() ? g.to_local() : zeros(x.to_local().shape(), x.dtype()), x.layout(),
+                    source_layouts[static_cast<size_t>(i)], tag(i, kGradient));
       }
       y = DTensor();
       received[static_cast<size_t>(i)] = DTensor();

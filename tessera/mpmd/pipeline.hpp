@@ -2,8 +2,9 @@
 // Pipeline parallelism (multimesh.jax / GPipe / PipeDream's 1F1B): a model split into stages,
 // each a function on its own submesh (itself dp x tp as any mesh), a step run as n microbatches
 // flowing through the stages. Activations travel forward and their gradients back across stage
-// boundaries as each rank's local block, by isend/irecv between the ranks at the same
-// coordinates of neighbouring stages; each stage runs autograd on its own piece of the graph.
+// boundaries by isend/irecv: each destination block's pieces from the source ranks holding them
+// (the planner's direct exchange; between meshes of one shape, rank to rank at the same
+// coordinates). Each stage runs autograd on its own piece of the graph.
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -45,17 +46,21 @@ struct PipelineStats {
   double bubble() const { return step_seconds > 0 ? wait_seconds / step_seconds : 0; }
 };
 
-/// A model split into stages on disjoint submeshes of one shape (every world rank in at most
-/// one stage), with a loss on the last stage's output. Constructed and stepped by every rank of
-/// the world. Throws ShardingError for no stages, stage meshes of different shapes or sharing a
-/// rank, ValueError for fewer than 1 microbatch.
+/// A model split into stages on disjoint submeshes (every world rank in at most one stage; the
+/// meshes may differ in shape and size), with a loss on the last stage's output. An activation
+/// arrives in its layout where the meshes have one shape, otherwise with each mesh dim placed as
+/// the source's mesh dim of the same name (else Replicate); a Partial is reduced before it
+/// leaves. Constructed and stepped by every rank of the world. Throws ShardingError for no
+/// stages or stages sharing a rank, ValueError for fewer than 1 microbatch.
 class Pipeline {
  public:
   using Loss = std::function<DTensor(const DTensor& output, const DTensor& target)>;
   Pipeline(std::vector<Stage> stages, Loss loss, PipelineOptions options = {});
 
   /// One forward and backward over options.microbatches microbatches: `input` lives on the first
-  /// stage's mesh, `target` on the last's (elsewhere their handles are ignored). The loss is a
+  /// stage's mesh, `target` on the last's (elsewhere their handles are ignored). Microbatch i
+  /// holds part i of every piece of the input (split_microbatches); the target's microbatch holds
+  /// the same rows (its own split when its pieces match the input's, else index_select of them). The loss is a
   /// mean over rows: microbatch i's loss counts by its share of the rows, so the stages'
   /// parameters accumulate (in their .grad) the unsplit step's gradients up to the order of
   /// summation. Returns the step's loss on every rank of the world. An error on any rank (a

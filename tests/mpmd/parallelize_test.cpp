@@ -1,8 +1,8 @@
 // parallelize picks the plan that is known to be right where it is: data parallel when
 // activations dwarf the parameters, tensor parallel when parameters dwarf the activations, a
 // sharded plan when replicated parameters overflow the budget; it refuses an impossible budget;
-// the plan it applies trains to the unsharded model's loss. The unsharded step time is given, so
-// the choice depends on the cost model alone (no timing in tests).
+// the plan it applies trains to the unsharded model's loss. The unsharded step time and the cost
+// model are given, so the choice depends on neither timing nor backend.
 #include <gtest/gtest.h>
 
 #include <tessera/dtensor/ops.hpp>
@@ -37,6 +37,7 @@ ParallelizeOptions shapes(int64_t batch, int64_t seq) {
   o.seq = seq;
   o.print = false;
   o.unsharded_step_us = 1000;
+  o.cost = CostModel::threads();  // the same choice on every backend
   return o;
 }
 
@@ -46,9 +47,9 @@ TEST(Parallelize, ChoosesTheObviousPlan) {
   for_each_world({4}, [] {
     const DeviceMesh mesh({world_size()}, {"x"});
     {
-      // 4096 tokens of width 8 against a few hundred parameters: data parallel.
+      // 16384 tokens of width 8 against a few hundred parameters: data parallel.
       nn::TransformerLM model(mesh, config(8, 16, 8, 64));
-      const ParallelPlan plan = plan_parallelism(model, 0, shapes(64, 64));
+      const ParallelPlan plan = plan_parallelism(model, 0, shapes(256, 64));
       EXPECT_EQ(plan.chosen.name, "ddp(x)") << plan.to_string();
       EXPECT_EQ(plan.data, (Placements{Shard{0}}));
     }
