@@ -242,6 +242,21 @@ struct GradOps<DTensor> {
 /// a Partial value is the gradient of its reduced value, on every rank).
 Layout gradient_layout(const Layout& layout);
 
+/// DDP's no_sync for DTensor leaves (RAII): inside the scope, a leaf's gradient that arrives
+/// Partial (a sum still owed over the ranks that split the batch or the rows) stays Partial and
+/// accumulates locally; when the outermost scope ends, each such gradient is reduced once into
+/// the leaf's gradient layout, in the order the leaves first received one (the same on every
+/// rank). So n microbatches cost one gradient reduction, not n: microbatch() and
+/// mpmd::Pipeline::step() open one. Inside the scope a leaf's grad() may be Partial. Per rank;
+/// every rank of a mesh opens and closes it alike. A scope left by an exception reduces nothing.
+class NoSync {
+ public:
+  NoSync();
+  ~NoSync();
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+};
+
 /// Splits a global tensor that every rank holds; the data of each block comes from the first rank
 /// of the mesh (coordinate 0 on every mesh dim), as in DTensor. Communicates. Throws
 /// ShardingError for Partial placements. The result is a leaf that requires a gradient when

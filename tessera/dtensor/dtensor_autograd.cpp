@@ -2,6 +2,10 @@
 #include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+#include <exception>
+#include <memory>
 
 namespace tessera {
 
@@ -25,7 +29,43 @@ DTensor cast(const DTensor& x, DType dtype, const DeviceMesh& mesh) {
   return DTensor(x.to_local().to(dtype), mesh, x.layout().with_dtype(dtype));
 }
 
+// NoSync's state on this rank: its depth, and the leaves holding a deferred (Partial) gradient,
+// in the order their first gradient arrived (the same order on every rank).
+struct Deferred {
+  int depth = 0;
+  struct Leaf {
+    std::weak_ptr<autograd::Meta> meta;
+    DeviceMesh mesh;
+    Layout target;
+  };
+  std::vector<Leaf> leaves;
+};
+
+Deferred& deferred() {
+  std::shared_ptr<void>& slot = rank_state("tessera.dtensor.no_sync");
+  if (!slot) slot = std::make_shared<Deferred>();
+  return *std::static_pointer_cast<Deferred>(slot);
+}
+
+bool deferring() { return in_rank() && deferred().depth > 0; }
+
 }  // namespace
+
+NoSync::NoSync() { ++deferred().depth; }
+
+NoSync::~NoSync() {
+  Deferred& state = deferred();
+  if (--state.depth > 0) return;
+  std::vector<Deferred::Leaf> leaves = std::move(state.leaves);
+  state.leaves.clear();
+  // Unwinding from an error: the ranks may be anywhere; reduce nothing.
+  if (std::uncaught_exceptions() > 0) return;
+  for (const Deferred::Leaf& leaf : leaves) {
+    const std::shared_ptr<autograd::Meta> meta = leaf.meta.lock();
+    if (!meta || !meta->grad.has_value()) continue;
+    meta->grad = std::any_cast<const DTensor&>(meta->grad).redistribute(leaf.mesh, leaf.target);
+  }
+}
 
 DTensor& DTensor::requires_grad_(bool on) {
   if (!on) {
@@ -39,11 +79,26 @@ DTensor& DTensor::requires_grad_(bool on) {
   if (requires_grad()) return *this;
   auto meta = std::make_shared<autograd::Meta>();
   meta->requires_grad = true;
-  meta->accumulate = [mesh = mesh_, target = gradient_layout(*layout_)](autograd::Meta& leaf,
-                                                                        const std::any& incoming) {
+  meta->accumulate = [mesh = mesh_, target = gradient_layout(*layout_), self = std::weak_ptr<autograd::Meta>(meta)](
+                         autograd::Meta& leaf, const std::any& incoming) {
     DTensor grad = cast(std::any_cast<const DTensor&>(incoming), target.dtype(), mesh);
+    // Under NoSync a Partial gradient stays Partial (summed locally; reduced once at the end).
+    if (deferring() && grad.layout().has_partial()) {
+      if (!leaf.grad.has_value()) {
+        deferred().leaves.push_back({self, mesh, target});
+      } else {
+        const DTensor& previous = std::any_cast<const DTensor&>(leaf.grad);
+        grad = previous.layout() == grad.layout() ? add(previous, grad)
+                                                  : add(previous.redistribute(mesh, target), grad.redistribute(mesh, target));
+      }
+      leaf.grad = grad;
+      return;
+    }
     grad = grad.redistribute(mesh, target);  // no-op when it is there already
-    if (leaf.grad.has_value()) grad = add(std::any_cast<const DTensor&>(leaf.grad), grad);
+    if (leaf.grad.has_value()) {
+      const DTensor& previous = std::any_cast<const DTensor&>(leaf.grad);
+      grad = add(previous.layout() == target ? previous : previous.redistribute(mesh, target), grad);
+    }
     leaf.grad = grad;
   };
   autograd_ = std::move(meta);

@@ -84,6 +84,8 @@ DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& st
   for (const DTensor& x : inputs) slices.push_back(split_microbatches(x, d, n));
   const double rows = static_cast<double>(first.global_shape()[d]);
   DTensor total;
+  // The gradients owed over the batch's ranks are reduced once, after the last microbatch.
+  const NoSync once;
   for (int64_t i = 0; i < n; ++i) {
     std::vector<DTensor> args;
     for (const auto& s : slices) args.push_back(s[static_cast<size_t>(i)]);

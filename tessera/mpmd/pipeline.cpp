@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -164,6 +165,10 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       }
       return targets[static_cast<size_t>(i)];
     };
+    // The parameters' gradients owed over a stage's data-parallel ranks are reduced once, after
+    // the last microbatch's backward.
+    std::optional<NoSync> once;
+    once.emplace();
     std::vector<DTensor> received(static_cast<size_t>(n)), produced(static_cast<size_t>(n));
     std::vector<Layout> source_layouts(static_cast<size_t>(n));  // each activation's layout on the stage before
     DTensor loss_total;
@@ -269,7 +274,8 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       }
       if (!first) {
         const DTensor& x = received[static_cast<size_t>(i)];
-        const DTensor g = x.grad();
+        DTensor g = x.grad();
+        if (g.defined() && g.layout().has_partial()) g = g.redistribute(mesh, gradient_layout(x.layout()));  // values cross
         send_pieces(g.defined() ? g.to_local() : zeros(x.to_local().shape(), x.dtype()), x.layout(),
                     source_layouts[static_cast<size_t>(i)], tag(i, kGradient));
       }
@@ -282,6 +288,7 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       else
         backward(i);
     }
+    once.reset();  // the deferred gradient reductions
     outbox.wait();
     if (last) loss_value = loss_total.full_tensor().item<double>();
   }

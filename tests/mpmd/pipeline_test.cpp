@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 
+#include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/mpmd/microbatch.hpp>
 #include <tessera/mpmd/multimesh.hpp>
@@ -199,6 +200,21 @@ TEST(Microbatch, AccumulatesTheUnsplitGradients) {
       EXPECT_TRUE(allclose(wd.grad().full_tensor(), wr.grad(), 1e-12, 1e-13)) << n << " microbatches";
       EXPECT_TRUE(allclose(bd.grad().full_tensor(), br.grad(), 1e-12, 1e-13)) << n << " microbatches";
     }
+    // NoSync: the gradients are reduced once per step, whatever the microbatch count.
+    const auto gradient_reductions = [&](int64_t n) {
+      DTensor wd = distribute_tensor(w, mesh, {Replicate{}}).requires_grad_();
+      DTensor bd = distribute_tensor(b, mesh, {Replicate{}}).requires_grad_();
+      const DTensor xs = distribute_tensor(input, mesh, {Shard{0}}), ts = distribute_tensor(target, mesh, {Shard{0}});
+      CommDebugMode debug;
+      microbatch([&](const std::vector<DTensor>& in) { return mse_loss(layer(in[0], wd, bd, false), in[1]); }, {xs, ts},
+                 0, n);
+      EXPECT_EQ(wd.grad().placements(), (Placements{Replicate{}}));
+      return debug.total_bytes_received();
+    };
+    // One reduction of the weight's and the bias's gradients (plus the loss's scalars), not five.
+    const int64_t one = gradient_reductions(1), five = gradient_reductions(5);
+    EXPECT_GE(one, (kWidth * kWidth + kWidth) * 8);
+    EXPECT_LT(five, 2 * one);
     // Inputs cut differently would pair rows wrongly: refused.
     EXPECT_TRUE(sharding_error([&] {
       microbatch([](const std::vector<DTensor>& in) { return sum(in[0]); },
