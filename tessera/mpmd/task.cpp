@@ -14,7 +14,40 @@ namespace tessera::mpmd {
 
 namespace {
 
-constexpr int kTaskTag = (1 << 20) - 64;  // below the pipeline's tags
+// Launch k's layout messages use tags kTaskTag + 2 (k mod kTaskTags) and the next one, below the
+// pipeline's tags.
+constexpr int kTaskTags = 4096;
+constexpr int kTaskTag = (1 << 20) - 2 * kTaskTags;
+
+// Per rank: launches so far, and the leader's layout messages still in flight (with the buffers
+// they read). Completed ones are dropped at each launch; the rest are waited for when the rank's
+// state goes, at the end of its body.
+struct TaskState {
+  struct Pending {
+    Work work;
+    std::shared_ptr<std::vector<int64_t>> length, message;
+  };
+  uint64_t launches = 0;
+  std::vector<Pending> pending;
+
+  void drain_completed() {
+    std::erase_if(pending, [](const Pending& p) { return p.work.is_completed(); });
+  }
+  ~TaskState() {
+    for (const Pending& p : pending) {
+      try {
+        p.work.wait();
+      } catch (...) {  // a failed world: nothing more to deliver
+      }
+    }
+  }
+};
+
+TaskState& task_state() {
+  std::shared_ptr<void>& slot = rank_state("tessera.mpmd.task_state");
+  if (!slot) slot = std::make_shared<TaskState>();
+  return *std::static_pointer_cast<TaskState>(slot);
+}
 
 struct Registered {
   std::string pattern;
@@ -50,53 +83,68 @@ Task::Task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules)
   TESSERA_CHECK(static_cast<bool>(fn_), ShardingError, "task", "task '", name_, "' has no function");
 }
 
-std::vector<DTensor> Task::operator()(const std::vector<DTensor>& inputs) const {
+std::vector<DTensor> Task::operator()(const std::vector<DTensor>& inputs) const { return launch(inputs).get(); }
+
+TaskFuture Task::launch(const std::vector<DTensor>& inputs) const {
   std::vector<DTensor> moved;
   for (const DTensor& x : inputs) moved.push_back(to_mesh(x, mesh_));
-  Communicator& comm = world();
-  const int leader = mesh_.spec().ranks().front();
-  std::vector<DTensor> outputs;
-  if (mesh_.is_member()) {
-    {
-      const LogicalAxes scope(rules_);
-      outputs = fn_(moved);
-    }
-    for (const DTensor& y : outputs)
-      TESSERA_CHECK(y.defined() && y.layout().mesh() == mesh_.spec(), ShardingError, "task", "task '", name_,
-                    "' returned ", y.defined() ? y.layout().to_string() : "(undefined)", ", not a DTensor on its mesh ",
-                    mesh_.to_string());
-    if (rank() == leader) {
-      // Every other rank learns the outputs' layouts: a count, then each layout's length and words.
-      std::vector<int64_t> message{static_cast<int64_t>(outputs.size())};
-      for (const DTensor& y : outputs) {
-        const std::vector<int64_t> words = detail::encode_layout(y.layout());
-        message.push_back(static_cast<int64_t>(words.size()));
-        message.insert(message.end(), words.begin(), words.end());
-      }
-      const int64_t length = static_cast<int64_t>(message.size());
-      std::vector<Work> sends;
-      for (int r = 0; r < world_size(); ++r) {
-        if (std::count(mesh_.spec().ranks().begin(), mesh_.spec().ranks().end(), r)) continue;
-        sends.push_back(comm.isend(&length, 1, DType::i64, r, kTaskTag));
-        sends.push_back(comm.isend(message.data(), length, DType::i64, r, kTaskTag + 1));
-      }
-      for (const Work& w : sends) w.wait();
-    }
-    return outputs;
+  TaskState& state = task_state();
+  state.drain_completed();
+  TaskFuture future;
+  future.mesh_ = mesh_;
+  future.leader_ = mesh_.spec().ranks().front();
+  // Every rank numbers its launches alike: each launch's layout messages have their own tags, so
+  // futures may be resolved in any order.
+  future.tag_ = kTaskTag + 2 * static_cast<int>(state.launches++ % kTaskTags);
+  if (!mesh_.is_member()) return future;
+  {
+    const LogicalAxes scope(rules_);
+    future.outputs_ = fn_(moved);
   }
+  future.resolved_ = true;
+  for (const DTensor& y : future.outputs_)
+    TESSERA_CHECK(y.defined() && y.layout().mesh() == mesh_.spec(), ShardingError, "task", "task '", name_,
+                  "' returned ", y.defined() ? y.layout().to_string() : "(undefined)", ", not a DTensor on its mesh ",
+                  mesh_.to_string());
+  if (rank() != future.leader_) return future;
+  // Every other rank learns the outputs' layouts: a length, then the count and each layout's
+  // length and words. The sends stay in flight (never waited here), so the leader goes on.
+  auto message = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(future.outputs_.size()));
+  for (const DTensor& y : future.outputs_) {
+    const std::vector<int64_t> words = detail::encode_layout(y.layout());
+    message->push_back(static_cast<int64_t>(words.size()));
+    message->insert(message->end(), words.begin(), words.end());
+  }
+  auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(message->size()));
+  Communicator& comm = world();
+  const auto& members = mesh_.spec().ranks();
+  for (int r = 0; r < world_size(); ++r) {
+    if (std::count(members.begin(), members.end(), r)) continue;
+    state.pending.push_back({comm.isend(length->data(), 1, DType::i64, r, future.tag_), length, message});
+    state.pending.push_back({comm.isend(message->data(), static_cast<int64_t>(message->size()), DType::i64, r,
+                                        future.tag_ + 1),
+                             length, message});
+  }
+  return future;
+}
+
+std::vector<DTensor> TaskFuture::get() {
+  if (resolved_) return outputs_;
+  Communicator& comm = world();
   int64_t length = 0;
-  comm.recv(&length, 1, DType::i64, leader, kTaskTag);
+  comm.recv(&length, 1, DType::i64, leader_, tag_);
   std::vector<int64_t> message(static_cast<size_t>(length));
-  comm.recv(message.data(), length, DType::i64, leader, kTaskTag + 1);
+  comm.recv(message.data(), length, DType::i64, leader_, tag_ + 1);
   size_t at = 1;
   for (int64_t k = 0; k < message.front(); ++k) {
     const auto words_length = static_cast<size_t>(message[at++]);
     const std::vector<int64_t> words(message.begin() + static_cast<std::ptrdiff_t>(at),
                                      message.begin() + static_cast<std::ptrdiff_t>(at + words_length));
     at += words_length;
-    outputs.push_back(DTensor(Tensor(), mesh_, detail::decode_layout(words, mesh_.spec())));
+    outputs_.push_back(DTensor(Tensor(), mesh_, detail::decode_layout(words, mesh_.spec())));
   }
-  return outputs;
+  resolved_ = true;
+  return outputs_;
 }
 
 Task task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules) {

@@ -17,6 +17,22 @@ namespace mpmd {
 
 using TaskFn = std::function<std::vector<DTensor>(const std::vector<DTensor>&)>;
 
+/// The outputs of a launched task. On the task's ranks they are ready at launch; elsewhere get()
+/// receives their layouts from the task's first rank (waiting until its function returned).
+/// get() may be called more than once; every rank should call it before the program ends.
+class TaskFuture {
+ public:
+  std::vector<DTensor> get();
+  bool ready() const { return resolved_; }
+
+ private:
+  friend class Task;
+  DeviceMesh mesh_;
+  int leader_ = 0, tag_ = 0;
+  bool resolved_ = false;
+  std::vector<DTensor> outputs_;
+};
+
 class Task {
  public:
   /// `rules`: the logical axis rules in force while fn runs (LogicalAxes), so the same model code
@@ -30,6 +46,11 @@ class Task {
   /// ShardingError naming the task when fn returns a DTensor on another mesh; an error inside fn
   /// fails the call on the task's ranks (and, through the missing layouts, on the others).
   std::vector<DTensor> operator()(const std::vector<DTensor>& inputs) const;
+  /// operator() without waiting on ranks outside the task: they return at once with a future, so
+  /// tasks on disjoint meshes launched one after another run at the same time (the leader's
+  /// layout messages never block it). Inputs still move in at the call (every rank of the world
+  /// calls launch, in the same order).
+  TaskFuture launch(const std::vector<DTensor>& inputs) const;
 
   const std::string& name() const { return name_; }
   const DeviceMesh& mesh() const { return mesh_; }

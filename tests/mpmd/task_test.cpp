@@ -3,6 +3,10 @@
 // other rank gets its outputs' layouts; tasks registered by name pattern.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/mpmd/multimesh.hpp>
 #include <tessera/mpmd/task.hpp>
@@ -109,4 +113,39 @@ TEST(Task, RegisteredByNamePattern) {
     EXPECT_TRUE(sharding_error([&] { task("embedding", [](const std::vector<DTensor>& in) { return in; }); },
                                {"[task]", "no registered pattern matches task 'embedding'", "encoder.*, decoder.*"}));
   });
+}
+
+// launch: ranks outside a task do not wait for it, so a second task on a disjoint mesh runs while
+// the first is still running (the first waits, bounded, until the second has started: with
+// blocking calls it would time out).
+TEST(Task, LaunchedTasksOnDisjointMeshesRunAtTheSameTime) {
+  TESSERA_SKIP_UNDER_MPI();
+  std::atomic<bool> second_started{false}, first_saw_it{false};
+  launch(4, [&] {
+    const DeviceMesh left({2}, {"x"}, {0, 1}), right({2}, {"x"}, {2, 3});
+    const Task first = task("first", left, [&](const std::vector<DTensor>& in) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!second_started && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      first_saw_it = second_started.load();
+      return std::vector<DTensor>{in[0] * Scalar(2.0)};
+    });
+    const Task second = task("second", right, [&](const std::vector<DTensor>& in) {
+      second_started = true;
+      return std::vector<DTensor>{in[0] + Scalar(1.0)};
+    });
+    const Tensor a = data({5, 3}, 1), b = data({4, 3}, 2);
+    TaskFuture fa = first.launch({distribute_tensor(a, left, {Shard{0}})});
+    TaskFuture fb = second.launch({distribute_tensor(b, right, {Shard{0}})});
+    EXPECT_EQ(fa.ready(), left.is_member());
+    const DTensor ya = fa.get()[0], yb = fb.get()[0];
+    EXPECT_EQ(ya.shape(), (Shape{5, 3}));
+    EXPECT_EQ(yb.layout().mesh(), right.spec());
+    // A consumer on the whole world reads both.
+    const DeviceMesh all({world_size()}, {"x"});
+    const DTensor z = task("sum", all, [](const std::vector<DTensor>& in) {
+      return std::vector<DTensor>{sum(in[0]) + sum(in[1])};
+    })({ya, yb})[0];
+    EXPECT_NEAR(z.full_tensor().item<double>(), sum(a * 2.0).item<double>() + sum(b + 1.0).item<double>(), 1e-9);
+  });
+  EXPECT_TRUE(first_saw_it);
 }
