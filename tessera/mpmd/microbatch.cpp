@@ -102,4 +102,12 @@ DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& st
   return total;
 }
 
+std::function<DTensor(const std::vector<DTensor>&)> microbatch(std::function<DTensor(const std::vector<DTensor>&)> step,
+                                                               int64_t dim, int64_t n, MicrobatchLoss loss) {
+  TESSERA_CHECK(n >= 1, ValueError, "microbatch", "n = ", n, " microbatches; need at least 1");
+  return [step = std::move(step), dim, n, loss](const std::vector<DTensor>& inputs) {
+    return microbatch(step, inputs, dim, n, loss);
+  };
+}
+
 }  // namespace tessera::mpmd

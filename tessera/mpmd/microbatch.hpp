@@ -37,5 +37,11 @@ enum class MicrobatchLoss : uint8_t {
 DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& step, const std::vector<DTensor>& inputs,
                    int64_t dim, int64_t n, MicrobatchLoss loss = MicrobatchLoss::mean);
 
+/// multimesh.jax's form: microbatch(fn, dim, n) is the step unrolled over n microbatches, a
+/// function of the inputs (each call runs microbatch(fn, inputs, dim, n, loss)).
+std::function<DTensor(const std::vector<DTensor>&)> microbatch(std::function<DTensor(const std::vector<DTensor>&)> step,
+                                                               int64_t dim, int64_t n,
+                                                               MicrobatchLoss loss = MicrobatchLoss::mean);
+
 }  // namespace mpmd
 }  // namespace tessera

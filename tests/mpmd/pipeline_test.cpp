@@ -200,6 +200,16 @@ TEST(Microbatch, AccumulatesTheUnsplitGradients) {
       EXPECT_TRUE(allclose(wd.grad().full_tensor(), wr.grad(), 1e-12, 1e-13)) << n << " microbatches";
       EXPECT_TRUE(allclose(bd.grad().full_tensor(), br.grad(), 1e-12, 1e-13)) << n << " microbatches";
     }
+    // The function-transform form gives the same step.
+    {
+      DTensor wd = distribute_tensor(w, mesh, {Replicate{}}).requires_grad_();
+      DTensor bd = distribute_tensor(b, mesh, {Replicate{}}).requires_grad_();
+      const auto step = microbatch([&](const std::vector<DTensor>& in) { return mse_loss(layer(in[0], wd, bd, false), in[1]); },
+                                   0, 3);
+      const DTensor loss = step({distribute_tensor(input, mesh, {Shard{0}}), distribute_tensor(target, mesh, {Shard{0}})});
+      EXPECT_NEAR(loss.full_tensor().item<double>(), expected.item<double>(), 1e-12);
+      EXPECT_TRUE(allclose(wd.grad().full_tensor(), wr.grad(), 1e-12, 1e-13));
+    }
     // NoSync: the gradients are reduced once per step, whatever the microbatch count.
     const auto gradient_reductions = [&](int64_t n) {
       DTensor wd = distribute_tensor(w, mesh, {Replicate{}}).requires_grad_();
