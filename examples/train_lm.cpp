@@ -24,6 +24,8 @@
 #include <tessera/nn/parallel.hpp>
 #include <tessera/tessera.hpp>
 
+#include "lm_task.hpp"
+
 using namespace tessera;
 
 namespace {
@@ -41,33 +43,6 @@ Options parse(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps")) o.steps = std::atoi(argv[i + 1]);
   }
   return o;
-}
-
-nn::TransformerConfig model_config() {
-  nn::TransformerConfig c;
-  c.vocab = 32;
-  c.dim = 32;
-  c.heads = 4;
-  c.layers = 2;
-  c.max_seq = 16;
-  c.hidden = 64;
-  return c;
-}
-
-// The synthetic task: each sequence counts up from a start with a stride (mod vocab); the model
-// learns to predict the next token. The same batch on every rank (then distributed).
-std::pair<Tensor, Tensor> batch(int step, int64_t rows, int64_t seq, int64_t vocab) {
-  std::vector<int64_t> ids(static_cast<size_t>(rows * seq)), next(ids.size());
-  uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(step + 1);
-  for (int64_t b = 0; b < rows; ++b) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    const int64_t start = static_cast<int64_t>(state >> 33) % vocab, stride = 1 + static_cast<int64_t>(state >> 40) % 3;
-    for (int64_t t = 0; t < seq; ++t) {
-      ids[static_cast<size_t>(b * seq + t)] = (start + t * stride) % vocab;
-      next[static_cast<size_t>(b * seq + t)] = (start + (t + 1) * stride) % vocab;
-    }
-  }
-  return {from_vector(ids, Shape{rows, seq}), from_vector(next, Shape{rows, seq})};
 }
 
 void progress(bool speaker, const char* label, int step, int steps, double loss) {
@@ -90,7 +65,7 @@ double train(nn::TransformerLM& model, const Placements& data, int steps, bool s
   nn::AdamW optimizer(model.parameters(), 3e-3, 0.9, 0.99, 1e-8, 0.01);
   double last = 0;
   for (int step = 0; step < steps; ++step) {
-    const auto [ids, next] = batch(step, 8, c.max_seq, c.vocab);
+    const auto [ids, next] = examples::counting_batch(step, 8, c.max_seq, c.vocab);
     std::optional<CommDebugMode> counting;
     if (step == 1 && comm_report) counting.emplace();
     const DTensor tokens = distribute_tensor(ids, model.mesh(), data);
@@ -120,7 +95,7 @@ int main(int argc, char** argv) {
     TESSERA_CHECK(dp * tp == n, ValueError, "train_lm", "--dp ", dp, " x --tp ", tp, " does not match ", n, " ranks");
     const DeviceMesh mesh({dp, tp}, {"dp", "tp"});
     const bool speaker = rank() == 0;
-    const nn::TransformerConfig config = model_config();
+    const nn::TransformerConfig config = examples::lm_config();
 
     manual_seed(2024);
     nn::TransformerLM model(mesh, config);

@@ -21,6 +21,8 @@
 #include <tessera/nn/parallel.hpp>
 #include <tessera/tessera.hpp>
 
+#include "lm_task.hpp"
+
 using namespace tessera;
 
 namespace {
@@ -41,33 +43,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-nn::TransformerConfig model_config() {
-  nn::TransformerConfig c;
-  c.vocab = 32;
-  c.dim = 32;
-  c.heads = 4;
-  c.layers = 2;
-  c.max_seq = 16;
-  c.hidden = 64;
-  return c;
-}
-
 constexpr int64_t kRows = 8;
-
-// train_lm's synthetic task: sequences counting up from a start with a stride (mod vocab).
-std::pair<Tensor, Tensor> batch(int step, int64_t seq, int64_t vocab) {
-  std::vector<int64_t> ids(static_cast<size_t>(kRows * seq)), next(ids.size());
-  uint64_t state = 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(step + 1);
-  for (int64_t b = 0; b < kRows; ++b) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    const int64_t start = static_cast<int64_t>(state >> 33) % vocab, stride = 1 + static_cast<int64_t>(state >> 40) % 3;
-    for (int64_t t = 0; t < seq; ++t) {
-      ids[static_cast<size_t>(b * seq + t)] = (start + t * stride) % vocab;
-      next[static_cast<size_t>(b * seq + t)] = (start + (t + 1) * stride) % vocab;
-    }
-  }
-  return {from_vector(ids, Shape{kRows, seq}), from_vector(next, Shape{kRows, seq})};
-}
 
 // The module paths of each stage.
 const std::vector<std::vector<std::string>> kStagePaths = {{"tok", "pos", "blocks.0"}, {"blocks.1", "norm", "head"}};
@@ -101,7 +77,7 @@ int main(int argc, char** argv) {
     const mpmd::MultiMesh mm({2, dp, tp}, {"pp", "dp", "tp"});
     const std::vector<DeviceMesh> stage_meshes = mm.split("pp");
     const bool speaker = rank() == 0;
-    const nn::TransformerConfig config = model_config();
+    const nn::TransformerConfig config = examples::lm_config();
 
     // Each rank builds the model on its stage's mesh with the reference's seed (so the weights
     // equal the reference's) and keeps its stage's modules; the stage shards them dp x tp.
@@ -151,7 +127,7 @@ int main(int argc, char** argv) {
     std::string step_comm;
     double loss = 0;
     for (int step = 0; step < options.steps; ++step) {
-      const auto [ids, next] = batch(step, config.max_seq, config.vocab);
+      const auto [ids, next] = examples::counting_batch(step, kRows, config.max_seq, config.vocab);
       std::optional<CommDebugMode> counting;
       if (step == 1) counting.emplace();
       for (DTensor* p : params) p->set_grad(DTensor());
@@ -175,7 +151,7 @@ int main(int argc, char** argv) {
     nn::AdamW reference_optimizer(reference.parameters(), 3e-3, 0.9, 0.99, 1e-8, 0.01);
     double ref_loss = 0;
     for (int step = 0; step < options.steps; ++step) {
-      const auto [ids, next] = batch(step, config.max_seq, config.vocab);
+      const auto [ids, next] = examples::counting_batch(step, kRows, config.max_seq, config.vocab);
       reference.zero_grad();
       const DTensor l =
           reference.loss(distribute_tensor(ids, mm.global(), whole), distribute_tensor(next, mm.global(), whole));

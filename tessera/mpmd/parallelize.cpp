@@ -18,20 +18,9 @@ namespace tessera::mpmd {
 
 namespace {
 
-// "blocks.*.attn.q" matches "blocks.3.attn.q": '*' stands for one dotted component.
-bool path_matches(const std::string& pattern, const std::string& path) {
-  std::istringstream p(pattern), q(path);
-  std::string a, b;
-  while (true) {
-    const bool more_a = static_cast<bool>(std::getline(p, a, '.')), more_b = static_cast<bool>(std::getline(q, b, '.'));
-    if (!more_a || !more_b) return more_a == more_b;
-    if (a != "*" && a != b) return false;
-  }
-}
-
 const nn::ParallelStyle* style_of(const std::map<std::string, nn::ParallelStyle>& plan, const std::string& module) {
   for (const auto& [pattern, style] : plan)
-    if (path_matches(pattern, module)) return &style;
+    if (nn::path_matches(pattern, module)) return &style;
   return nullptr;
 }
 

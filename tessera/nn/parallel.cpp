@@ -17,16 +17,6 @@ int64_t axis_index(const DeviceMesh& mesh, const std::string& axis) {
   return -1;
 }
 
-bool path_matches(const std::string& pattern, const std::string& path) {
-  std::istringstream a(pattern), b(path);
-  std::string x, y;
-  while (true) {
-    const bool more_a = static_cast<bool>(std::getline(a, x, '.')), more_b = static_cast<bool>(std::getline(b, y, '.'));
-    if (!more_a || !more_b) return more_a == more_b;
-    if (x != "*" && x != y) return false;
-  }
-}
-
 // The parameter's layout with `p` on mesh dim m (other dims and shard orders kept).
 Layout placed(const DTensor& value, int64_t m, Placement p) {
   Placements placements = value.placements();
@@ -82,6 +72,16 @@ void apply(Module& module, const std::string& path, int64_t m, const ParallelSty
 }
 
 }  // namespace
+
+bool path_matches(const std::string& pattern, const std::string& path) {
+  std::istringstream a(pattern), b(path);
+  std::string x, y;
+  while (true) {
+    const bool more_a = static_cast<bool>(std::getline(a, x, '.')), more_b = static_cast<bool>(std::getline(b, y, '.'));
+    if (!more_a || !more_b) return more_a == more_b;
+    if (x != "*" && x != y) return false;
+  }
+}
 
 void parallelize_module(Module& module, const std::string& axis, const std::map<std::string, ParallelStyle>& plan) {
   const int64_t m = axis_index(module.mesh(), axis);

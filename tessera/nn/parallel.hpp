@@ -31,6 +31,10 @@ struct SequenceParallel {
 };
 using ParallelStyle = std::variant<ColwiseParallel, RowwiseParallel, SequenceParallel>;
 
+/// True when a dotted module path matches a plan's pattern ('*' stands for one component):
+/// path_matches("blocks.*.attn.q", "blocks.3.attn.q").
+bool path_matches(const std::string& pattern, const std::string& path);
+
 /// Applies a style per submodule path on mesh axis `axis`. Paths may use `*` for one component
 /// ("blocks.*.attn.q"). Throws ValueError for a path that matches nothing or a style on a module
 /// it does not fit. Every rank calls it (parameters move).
