@@ -16,38 +16,20 @@ namespace tessera {
 
 namespace {
 
-constexpr int64_t kZeros = -1;  // a row beyond the domain that holds zeros
-
-// The global row that position g (a global index, possibly outside [0, length)) reads, or kZeros.
-int64_t source_row(int64_t g, int64_t length, HaloPadding pad) {
-  if (g >= 0 && g < length) return g;
-  if (length == 0 || pad == HaloPadding::zeros) return kZeros;
-  if (pad == HaloPadding::periodic) return ((g % length) + length) % length;
-  return std::clamp<int64_t>(g, 0, length - 1);
-}
-
-// Every piece's widened block: `left` rows before its own, its own rows, `right` rows after.
+// Every piece's widened block: `left` rows before its own, its own rows, `right` rows after;
+// beyond the domain's edges, zeros or the rows a periodic or replicate pad reads.
 std::shared_ptr<const detail::RowPlan> plan_halo(const Layout& layout, const DeviceMesh& mesh, int64_t dim,
                                                  int64_t left, int64_t right, HaloPadding pad) {
-  auto plan = std::make_shared<detail::RowPlan>(detail::row_plan(layout, mesh, dim));
-  const std::vector<int64_t>& starts = plan->starts;
-  const int64_t length = starts.back();
-  for (size_t q = 0; q + 1 < starts.size(); ++q) {
-    detail::RowRunBuilder runs(starts);
-    const auto halo_row = [&](int64_t g) {
-      const int64_t row = source_row(g, length, pad);
-      if (row == kZeros)
-        runs.fill(1);
-      else
-        runs.rows(row, 1);
-    };
-    const int64_t begin = starts[q], end = starts[q + 1];
-    for (int64_t i = 0; i < left; ++i) halo_row(begin - left + i);
+  const PadMode mode = pad == HaloPadding::periodic    ? PadMode::circular
+                       : pad == HaloPadding::replicate ? PadMode::replicate
+                                                       : PadMode::constant;
+  const int64_t length = layout.global_shape()[dim];
+  return detail::row_plan(layout, mesh, dim, [&](size_t q, detail::RowRunBuilder& runs) {
+    const int64_t begin = runs.starts()[q], end = runs.starts()[q + 1];
+    for (int64_t i = 0; i < left; ++i) runs.row(detail::pad_source_row(begin - left + i, length, mode));
     runs.rows(begin, end - begin);
-    for (int64_t i = 0; i < right; ++i) halo_row(end + i);
-    plan->set_runs(static_cast<int64_t>(q), runs.take());
-  }
-  return plan;
+    for (int64_t i = 0; i < right; ++i) runs.row(detail::pad_source_row(end + i, length, mode));
+  });
 }
 
 }  // namespace

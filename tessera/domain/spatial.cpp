@@ -119,23 +119,17 @@ Windows windows(const char* call, const DTensor& x, int64_t spatial, const std::
     // rows beyond the edges are padded in after every dim's exchange, so the next dim's exchange
     // never carries them.
     const int64_t length = layout.global_shape()[d];
-    auto rows = std::make_shared<detail::RowPlan>(detail::row_plan(layout, mesh, d));
-    for (size_t q = 0; q < plan.need_begin.size(); ++q) {
-      detail::RowRunBuilder runs(rows->starts);
+    const auto rows = detail::row_plan(layout, mesh, d, [&](size_t q, detail::RowRunBuilder& runs) {
       const int64_t first = std::clamp<int64_t>(plan.need_begin[q], 0, length);
       runs.rows(first, std::clamp<int64_t>(plan.need_end[q], first, length) - first);
-      rows->set_runs(static_cast<int64_t>(q), runs.take());
-    }
-    local = detail::exchange_rows(std::move(rows), local, 0.0, call, detail::kRowExchangeTag);
+    });
+    local = detail::exchange_rows(rows, local, 0.0, call, detail::kRowExchangeTag);
     edge_pads[k] = {std::max<int64_t>(0, -plan.need_begin[p]), std::max<int64_t>(0, plan.need_end[p] - length)};
     local_padding[k] = 0;
     std::vector<int64_t> sizes;
     for (size_t q = 0; q < plan.out_begin.size(); ++q) sizes.push_back(plan.out_end[q] - plan.out_begin[q]);
     if (sizes[p] == 0) empty_dims.push_back(d);
-    std::vector<int64_t> splits;
-    for (int64_t m : layout.shard_order(d)) splits.push_back(mesh.size(m));
-    if (sizes != chunk_sizes(out_shape[d], splits))  // explicit only where chunk semantics differ
-      out_sizes[d] = std::move(sizes);
+    out_sizes[d] = std::move(sizes);  // the Layout keeps them only where they differ from chunking
   }
   for (int64_t d : {int64_t{0}, int64_t{1}})
     if (layout.has_explicit_sizes(d) && out_shape[d] == layout.global_shape()[d]) out_sizes[d] = layout.piece_sizes(d);
@@ -194,7 +188,6 @@ ChannelPlan plan_channels(const DTensor& x, const DTensor& weight, const std::op
   const Placements& xp = xl.placements();
   const Placements& wp = weight.placements();
   const size_t mesh_dims = xp.size();
-  const auto is_replicate = [](const Placement& p) { return std::holds_alternative<Replicate>(p); };
   ChannelPlan plan;
   Placements x_to = xp, w_to(mesh_dims, Replicate{}), b_to(mesh_dims, Replicate{});
   plan.weight_grad.assign(mesh_dims, Replicate{});
@@ -371,10 +364,9 @@ DTensor interpolate(const DTensor& x_in, std::vector<int64_t> size, std::string_
       }
       local_size[k] = std::max<int64_t>(rows, 1) * scale;
     }
-    std::vector<int64_t> pieces = layout.piece_sizes(d), splits;
+    std::vector<int64_t> pieces = layout.piece_sizes(d);
     for (auto& p : pieces) p *= scale;
-    for (int64_t m : layout.shard_order(d)) splits.push_back(mesh.size(m));
-    if (pieces != chunk_sizes(size[k], splits)) out_sizes[d] = std::move(pieces);
+    out_sizes[d] = std::move(pieces);  // the Layout keeps them only where they differ from chunking
   }
   for (int64_t d : {int64_t{0}, int64_t{1}})
     if (layout.has_explicit_sizes(d)) out_sizes[d] = layout.piece_sizes(d);

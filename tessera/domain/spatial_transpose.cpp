@@ -43,13 +43,10 @@ struct OwnedRows {
 // The exchange that gives every piece its input rows [in_begin, in_end).
 Tensor fetch_rows(const Tensor& local, const Layout& layout, const DeviceMesh& mesh, int64_t dim,
                   const OwnedRows& owned, const char* call) {
-  auto plan = std::make_shared<detail::RowPlan>(detail::row_plan(layout, mesh, dim));
-  for (size_t p = 0; p < owned.in_begin.size(); ++p) {
-    detail::RowRunBuilder runs(plan->starts);
+  const auto plan = detail::row_plan(layout, mesh, dim, [&](size_t p, detail::RowRunBuilder& runs) {
     runs.rows(owned.in_begin[p], owned.in_end[p] - owned.in_begin[p]);
-    plan->set_runs(static_cast<int64_t>(p), runs.take());
-  }
-  return detail::exchange_rows(std::move(plan), local, 0.0, call, detail::kRowExchangeTag);
+  });
+  return detail::exchange_rows(plan, local, 0.0, call, detail::kRowExchangeTag);
 }
 
 // Rows [begin, end) (global) of a local block whose row 0 is global row `first`, with zero rows
@@ -149,7 +146,7 @@ DTensor conv_transpose2d(const DTensor& x_in, const DTensor& weight_in, const st
     crops.push_back({d, first_row * s - pad_k, owned.out_begin[me], owned.out_end[me]});
     local_padding[k] = 0;
     local_output_padding[k] = 0;
-    detail::set_piece_sizes(out_sizes, layout, d, owned.out_sizes());
+    out_sizes[d] = owned.out_sizes();  // kept only where they differ from chunking
   }
   if (layout.has_explicit_sizes(0)) out_sizes[0] = layout.piece_sizes(0);
   Tensor out = tessera::conv_transpose2d(local, w, std::nullopt, stride, local_padding, local_output_padding, groups,
@@ -217,7 +214,7 @@ DTensor adaptive_avg_pool2d(const DTensor& x_in, std::vector<int64_t> output_siz
       local = cat(cells, d);
     }
     local_size[static_cast<size_t>(i)] = count;
-    detail::set_piece_sizes(out_sizes, layout, d, owned.out_sizes());
+    out_sizes[d] = owned.out_sizes();  // kept only where they differ from chunking
   }
   for (int64_t d : {int64_t{0}, int64_t{1}})
     if (layout.has_explicit_sizes(d)) out_sizes[d] = layout.piece_sizes(d);

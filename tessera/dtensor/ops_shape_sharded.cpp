@@ -6,7 +6,6 @@
 #include <tessera/dtensor/detail/sharded_shape.hpp>
 
 #include <algorithm>
-#include <memory>
 
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/row_exchange.hpp>
@@ -14,39 +13,6 @@
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera::detail {
-
-namespace {
-
-// The source row of padded position j (i = j - before, the unpadded index), or -1 for the fill.
-int64_t pad_source(int64_t i, int64_t length, PadMode mode) {
-  if (i >= 0 && i < length) return i;
-  switch (mode) {
-    case PadMode::reflect: return i < 0 ? -i : 2 * (length - 1) - i;
-    case PadMode::replicate: return std::clamp<int64_t>(i, 0, length - 1);
-    case PadMode::circular: return ((i % length) + length) % length;
-    default: return -1;
-  }
-}
-
-// Piece sizes as explicit sizes only where they differ from what chunking `length` gives.
-void set_sizes(ShardSizes& sizes, const Layout& layout, int64_t dim, int64_t length, std::vector<int64_t> pieces) {
-  std::vector<int64_t> splits;
-  for (int64_t m : layout.shard_order(dim)) splits.push_back(layout.mesh().size(m));
-  if (pieces != chunk_sizes(length, splits))
-    sizes[dim] = std::move(pieces);
-  else
-    sizes.erase(dim);
-}
-
-// Runs along one sharded dim; `runs_of(piece, starts)` gives a piece's runs.
-template <class RunsOf>
-std::shared_ptr<const RowPlan> plan_along(const Layout& layout, const DeviceMesh& mesh, int64_t dim, RunsOf runs_of) {
-  auto plan = std::make_shared<RowPlan>(row_plan(layout, mesh, dim));
-  for (size_t p = 0; p + 1 < plan->starts.size(); ++p) plan->set_runs(static_cast<int64_t>(p), runs_of(p, plan->starts));
-  return plan;
-}
-
-}  // namespace
 
 bool touches_sharded_dim(const Layout& layout, const DimVector& before, const DimVector& after) {
   for (int64_t d = 0; d < layout.ndim(); ++d)
@@ -82,31 +48,21 @@ DTensor pad_sharded(const DTensor& x, const PadSpec& spec, PadMode mode, Scalar 
     const int64_t length = shape[d], before = spec.before[d], padded = spec.shape[d];
     // Piece p keeps its rows shifted by `before`; the first piece also takes the rows before
     // them, the last the rows after (a crop clips the pieces at the ends).
-    const auto plan = plan_along(current, mesh, d, [&](size_t p, const std::vector<int64_t>& starts) {
+    const auto plan = row_plan(current, mesh, d, [&](size_t p, RowRunBuilder& runs) {
+      const std::vector<int64_t>& starts = runs.starts();
       const size_t last = starts.size() - 2;
       const int64_t begin = p == 0 ? 0 : std::clamp<int64_t>(starts[p] + before, 0, padded);
       const int64_t end = p == last ? padded : std::clamp<int64_t>(starts[p + 1] + before, 0, padded);
-      RowRunBuilder runs(starts);
-      for (int64_t j = begin; j < end;) {
-        const int64_t i = j - before;
-        if (i >= 0 && i < length) {  // the unpadded rows, in one span
-          const int64_t take = std::min(end - j, length - i);
-          runs.rows(i, take);
-          j += take;
-        } else {
-          const int64_t source = pad_source(i, length, mode);
-          if (source < 0)
-            runs.fill(1);
-          else
-            runs.rows(source, 1);
-          ++j;
-        }
-      }
-      return runs.take();
+      // The unpadded rows in one span, the padding row by row.
+      const int64_t inside_begin = std::clamp<int64_t>(before, begin, end);
+      const int64_t inside_end = std::clamp<int64_t>(before + length, inside_begin, end);
+      for (int64_t j = begin; j < inside_begin; ++j) runs.row(pad_source_row(j - before, length, mode));
+      runs.rows(inside_begin - before, inside_end - inside_begin);
+      for (int64_t j = inside_end; j < end; ++j) runs.row(pad_source_row(j - before, length, mode));
     });
     local = exchange_rows(plan, local, fill, "pad", kRowExchangeTag);
     shape[d] = padded;
-    set_sizes(sizes, current, d, padded, plan->out_rows);
+    sizes[d] = plan->out_rows;  // the Layout keeps them only where they differ from chunking
   }
   return DTensor(local, mesh, Layout(shape, layout.dtype(), layout.mesh(), layout.placements(), layout.shard_orders(), sizes));
 }
@@ -130,15 +86,14 @@ DTensor roll_sharded(const DTensor& x, const DimVector& shifts) {
     if (layout.shard_order(d).empty() || length == 0 || shifts[d] % length == 0) continue;
     const int64_t shift = ((shifts[d] % length) + length) % length;
     // Output row j is input row (j - shift) mod length: at most two spans per piece.
-    const auto plan = plan_along(layout, mesh, d, [&](size_t p, const std::vector<int64_t>& starts) {
-      RowRunBuilder runs(starts);
+    const auto plan = row_plan(layout, mesh, d, [&](size_t p, RowRunBuilder& runs) {
+      const std::vector<int64_t>& starts = runs.starts();
       for (int64_t j = starts[p]; j < starts[p + 1];) {
         const int64_t source = ((j - shift) % length + length) % length;
         const int64_t take = std::min(starts[p + 1] - j, length - source);
         runs.rows(source, take);
         j += take;
       }
-      return runs.take();
     });
     local = exchange_rows(plan, local, 0.0, "roll", kRowExchangeTag);
   }

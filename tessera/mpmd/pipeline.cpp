@@ -167,8 +167,7 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
     };
     // The parameters' gradients owed over a stage's data-parallel ranks are reduced once, after
     // the last microbatch's backward.
-    std::optional<NoSync> once;
-    once.emplace();
+    std::optional<NoSync> once(std::in_place);
     std::vector<DTensor> received(static_cast<size_t>(n)), produced(static_cast<size_t>(n));
     std::vector<Layout> source_layouts(static_cast<size_t>(n));  // each activation's layout on the stage before
     DTensor loss_total;
@@ -241,11 +240,7 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
         return;
       }
       // A Partial activation is reduced on this stage first: blocks of values cross the boundary.
-      Placements values = y.placements();
-      bool partial = false;
-      for (auto& p : values)
-        if (is_partial(p)) p = Replicate{}, partial = true;
-      if (partial) y = y.redistribute(values);
+      y = y.redistribute(mesh, gradient_layout(y.layout()));  // no-op without a Partial
       const std::vector<int64_t> layout_words = detail::encode_layout(y.layout());
       auto header = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(layout_words.size()));
       header->insert(header->end(), layout_words.begin(), layout_words.end());

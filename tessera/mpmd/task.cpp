@@ -68,12 +68,9 @@ Registry& registry() {
 
 DTensor to_mesh(const DTensor& x, const DeviceMesh& mesh) {
   if (x.layout().mesh() == mesh.spec()) return x;
-  Placements placements = x.placements();
-  bool partial = false;
-  for (auto& p : placements)
-    if (is_partial(p)) p = Replicate{}, partial = true;
-  // A Partial is reduced where its partial values are, then moved as values.
-  const DTensor values = partial ? x.redistribute(x.device_mesh(), placements) : x;
+  // A Partial is reduced where its partial values are (a no-op without one), then moved as values.
+  const DTensor values = x.redistribute(x.device_mesh(), gradient_layout(x.layout()));
+  Placements placements = values.placements();
   if (static_cast<int64_t>(placements.size()) != mesh.ndim()) placements.assign(static_cast<size_t>(mesh.ndim()), Replicate{});
   return values.redistribute(mesh, placements);
 }

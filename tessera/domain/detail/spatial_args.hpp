@@ -32,14 +32,4 @@ inline DTensor replicated(const DTensor& t) {
   return t.redistribute(Placements(t.placements().size(), Replicate{}));
 }
 
-/// Piece sizes along `dim` as explicit sizes only where they differ from what chunking their sum
-/// over the dim's shard order gives.
-inline void set_piece_sizes(ShardSizes& sizes, const Layout& layout, int64_t dim, std::vector<int64_t> pieces) {
-  std::vector<int64_t> splits;
-  int64_t length = 0;
-  for (int64_t m : layout.shard_order(dim)) splits.push_back(layout.mesh().size(m));
-  for (int64_t p : pieces) length += p;
-  if (pieces != chunk_sizes(length, splits)) sizes[dim] = std::move(pieces);
-}
-
 }  // namespace tessera::detail

@@ -75,6 +75,17 @@ void RowRunBuilder::rows(int64_t row, int64_t count) {
   }
 }
 
+int64_t pad_source_row(int64_t i, int64_t length, PadMode mode) {
+  if (i >= 0 && i < length) return i;
+  if (length == 0) return -1;
+  switch (mode) {
+    case PadMode::reflect: return i < 0 ? -i : 2 * (length - 1) - i;
+    case PadMode::replicate: return std::clamp<int64_t>(i, 0, length - 1);
+    case PadMode::circular: return ((i % length) + length) % length;
+    default: return -1;
+  }
+}
+
 namespace {
 
 // x with `dim` moved to the front (a view).

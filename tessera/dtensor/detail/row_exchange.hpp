@@ -10,6 +10,7 @@
 
 #include <tessera/core/tensor.hpp>
 #include <tessera/mesh/device_mesh.hpp>
+#include <tessera/ops/shape_ops.hpp>
 #include <tessera/sharding/layout.hpp>
 
 namespace tessera::detail {
@@ -51,7 +52,11 @@ class RowRunBuilder {
   void fill(int64_t count);
   /// Global rows [row, row + count), each in [0, starts.back()).
   void rows(int64_t row, int64_t count);
+  /// One row: global row `source`, or the fill where it is negative (pad_source_row's -1).
+  void row(int64_t source) { source < 0 ? fill(1) : rows(source, 1); }
   std::vector<RowRun> take() { return std::move(runs_); }
+  /// Piece p holds global rows [starts()[p], starts()[p + 1]).
+  const std::vector<int64_t>& starts() const { return *starts_; }
 
  private:
   void add(int64_t row, int64_t length, int64_t piece);
@@ -59,6 +64,24 @@ class RowRunBuilder {
   std::vector<RowRun> runs_;
   int64_t out_ = 0;
 };
+
+/// The plan for `dim` with every piece's runs given by `build(piece, runs)`, which adds them to
+/// a RowRunBuilder over the plan's starts (this rank a member).
+template <class Build>
+std::shared_ptr<const RowPlan> row_plan(const Layout& layout, const DeviceMesh& mesh, int64_t dim, Build build) {
+  auto plan = std::make_shared<RowPlan>(row_plan(layout, mesh, dim));
+  for (size_t p = 0; p + 1 < plan->starts.size(); ++p) {
+    RowRunBuilder runs(plan->starts);
+    build(p, runs);
+    plan->set_runs(static_cast<int64_t>(p), runs.take());
+  }
+  return plan;
+}
+
+/// The global row that position i of a dim of `length` rows reads when the dim is padded in
+/// `mode` (i may lie outside [0, length)): i itself inside, the reflected, clamped or wrapped row
+/// outside, and -1 (the fill) for constant padding or an empty dim.
+int64_t pad_source_row(int64_t i, int64_t length, PadMode mode);
 
 /// One exchange in flight: posted by the constructor (this rank's own rows and the fill already
 /// in place), finished by finish(), which waits for the rows from other pieces and returns this

@@ -1,5 +1,7 @@
 #include <tessera/mpmd/detail/layout_wire.hpp>
 
+#include <map>
+
 #include <tessera/core/error.hpp>
 
 namespace tessera::mpmd::detail {
@@ -64,20 +66,19 @@ Layout decode_layout(const std::vector<int64_t>& words, const MeshSpec& mesh) {
     else
       placements.push_back(Replicate{});
   }
-  ShardOrder order;
-  for (int64_t d = 0; d < ndim; ++d) {
-    const int64_t count = next();
-    std::vector<int64_t> dims;
-    for (int64_t i = 0; i < count; ++i) dims.push_back(next());
-    if (!dims.empty()) order[d] = std::move(dims);
-  }
-  ShardSizes sizes;
-  for (int64_t d = 0; d < ndim; ++d) {
-    const int64_t count = next();
-    std::vector<int64_t> pieces;
-    for (int64_t i = 0; i < count; ++i) pieces.push_back(next());
-    if (!pieces.empty()) sizes[d] = std::move(pieces);
-  }
+  // A count and as many words, per tensor dim; empty lists are left out of the map.
+  const auto per_dim_lists = [&] {
+    std::map<int64_t, std::vector<int64_t>> lists;
+    for (int64_t d = 0; d < ndim; ++d) {
+      const int64_t count = next();
+      std::vector<int64_t> list;
+      for (int64_t i = 0; i < count; ++i) list.push_back(next());
+      if (!list.empty()) lists[d] = std::move(list);
+    }
+    return lists;
+  };
+  ShardOrder order = per_dim_lists();
+  ShardSizes sizes = per_dim_lists();
   return Layout(Shape(shape), dtype, mesh, std::move(placements), std::move(order), std::move(sizes));
 }
 
