@@ -4,9 +4,12 @@
 // each candidate is applied to a fresh model and its forward + loss + backward timed (median of
 // --reps steps after a warm-up, the slowest rank). Prints estimate, measurement and their ratio
 // per plan, and whether the chosen plan was also the fastest measured. Nothing is asserted.
+// With --pp S the mesh gains a leading pipeline axis of S stages: every candidate is a pipeline
+// (its boundaries chosen by parallelize) of --microbatches microbatches, and its measured time is
+// Pipeline::step's (1F1B).
 //
-// Usage: tessera_parallelize_bench [--ranks 4] [--mesh 1|2] [--batch 16] [--seq 32] [--dim 64]
-//        [--hidden 256] [--vocab 256] [--layers 2] [--reps 5]
+// Usage: tessera_parallelize_bench [--ranks 4] [--mesh 1|2] [--pp 0] [--microbatches 4] [--batch 16]
+//        [--seq 32] [--dim 64] [--hidden 256] [--vocab 256] [--layers 2] [--reps 5]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,7 +25,7 @@ using namespace tessera;
 namespace {
 
 struct Options {
-  int64_t mesh_dims = 1, batch = 16, seq = 32, dim = 64, hidden = 256, vocab = 256, layers = 2;
+  int64_t mesh_dims = 1, pp = 0, microbatches = 4, batch = 16, seq = 32, dim = 64, hidden = 256, vocab = 256, layers = 2;
   int reps = 5;
 };
 
@@ -32,6 +35,8 @@ Options parse(int argc, char** argv) {
     const std::string flag = argv[i];
     const int64_t value = std::atoll(argv[i + 1]);
     if (flag == "--mesh") o.mesh_dims = value;
+    if (flag == "--pp") o.pp = value;
+    if (flag == "--microbatches") o.microbatches = value;
     if (flag == "--batch") o.batch = value;
     if (flag == "--seq") o.seq = value;
     if (flag == "--dim") o.dim = value;
@@ -84,38 +89,74 @@ double measure(nn::TransformerLM& model, const mpmd::PlanEstimate& plan, const O
   return times[times.size() / 2];
 }
 
+// The same for a pipeline plan: median over reps of Pipeline::step, the slowest rank's, in us.
+double measure_pipeline(nn::TransformerLM& model, const mpmd::ParallelPlan& plan, const Options& o) {
+  mpmd::Pipeline pipeline = mpmd::make_pipeline(model, plan);
+  const auto [ids, next] = tokens(o);
+  const DTensor x = distribute_tensor(ids, plan.stage_meshes.front(), plan.data);
+  const DTensor t = distribute_tensor(next, plan.stage_meshes.back(), plan.data);
+  std::vector<double> times;
+  for (int i = 0; i <= o.reps; ++i) {
+    world().barrier();
+    const auto start = std::chrono::steady_clock::now();
+    pipeline.step(x, t);
+    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    world().all_reduce(&us, 1, DType::f64, ReduceOp::max);
+    if (i > 0) times.push_back(us);
+    model.zero_grad();
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+DeviceMesh mesh_of(const Options& o, int n) {
+  if (o.pp > 0) {
+    const int64_t rest = n / o.pp;
+    if (o.mesh_dims == 2 && rest % 2 == 0) return DeviceMesh({o.pp, 2, rest / 2}, {"pp", "dp", "tp"});
+    return DeviceMesh({o.pp, rest}, {"pp", "x"});
+  }
+  return o.mesh_dims == 2 && n % 2 == 0 ? DeviceMesh({2, n / 2}, {"dp", "tp"}) : DeviceMesh({n}, {"x"});
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   return run(argc, argv, [&] {
     const int n = world_size();
-    const DeviceMesh mesh = o.mesh_dims == 2 && n % 2 == 0 ? DeviceMesh({2, n / 2}, {"dp", "tp"}) : DeviceMesh({n}, {"x"});
+    const DeviceMesh mesh = mesh_of(o, n);
+    // With a pipeline the model lives on this rank's stage.
+    const DeviceMesh model_mesh = o.pp > 0 ? mesh.slice({{"pp", mesh.coordinate("pp")}}) : mesh;
     const nn::TransformerConfig c = config_of(o);
     mpmd::ParallelizeOptions options;
     options.batch = o.batch;
     options.seq = o.seq;
     options.print = false;
+    if (o.pp > 0) options.pipeline_axis = "pp", options.microbatches = o.microbatches;
     manual_seed(1);
-    nn::TransformerLM probe(mesh, c);
-    const mpmd::ParallelPlan plan = mpmd::plan_parallelism(probe, 0, options);
+    nn::TransformerLM probe(model_mesh, c);
+    const mpmd::ParallelPlan plan = mpmd::plan_parallelism(probe, mesh, 0, options);
     if (rank() == 0)
       std::printf("transformer LM: %lld layers, dim %lld, hidden %lld, vocab %lld; step [%lld, %lld] tokens on %s\n\n%s\n",
                   static_cast<long long>(c.layers), static_cast<long long>(c.dim), static_cast<long long>(c.hidden),
                   static_cast<long long>(c.vocab), static_cast<long long>(o.batch), static_cast<long long>(o.seq),
                   mesh.to_string().c_str(), plan.to_string().c_str());
-    if (rank() == 0) std::printf("%-24s %12s %12s %10s\n", "plan", "estimate us", "measured us", "meas/est");
+    if (rank() == 0) std::printf("%-40s %12s %12s %10s\n", "plan", "estimate us", "measured us", "meas/est");
     std::string fastest;
     double best = 1e300;
     for (const mpmd::PlanEstimate& e : plan.candidates) {
       manual_seed(1);
-      nn::TransformerLM model(mesh, c);
+      nn::TransformerLM model(model_mesh, c);
       if (!e.tp_axis.empty()) nn::parallelize_module(model, e.tp_axis, nn::transformer_tp_plan());
       if (e.fsdp) nn::fully_shard(model, e.dp_axes.front());
-      const double measured = measure(model, e, o);
+      mpmd::ParallelPlan as_chosen = plan;
+      as_chosen.chosen = e;
+      as_chosen.data.assign(static_cast<size_t>(model_mesh.ndim()), Replicate{});
+      for (const auto& a : e.dp_axes) as_chosen.data[static_cast<size_t>(model_mesh.spec().dim_of(a))] = Shard{0};
+      const double measured = o.pp > 0 ? measure_pipeline(model, as_chosen, o) : measure(model, e, o);
       if (measured < best) best = measured, fastest = e.name;
       if (rank() == 0)
-        std::printf("%-24s %12.0f %12.0f %10.2f\n", e.name.c_str(), e.estimated_us(), measured, measured / e.estimated_us());
+        std::printf("%-40s %12.0f %12.0f %10.2f\n", e.name.c_str(), e.estimated_us(), measured, measured / e.estimated_us());
     }
     if (rank() == 0)
       std::printf("\nchosen: %s; fastest measured: %s\n", plan.chosen.name.c_str(), fastest.c_str());

@@ -10,6 +10,7 @@
 #include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/mpmd/detail/lm_units.hpp>
 #include <tessera/nn/parallel.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/plan.hpp>
@@ -107,22 +108,31 @@ std::vector<PlanEstimate> candidates_of(const MeshSpec& spec) {
   return out;
 }
 
-// Prices one candidate.
-void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOptions& options, double unsharded_us,
-              const CostModel& cost, int64_t budget) {
-  const MeshSpec& spec = model.mesh().spec();
+// One unit's share of a candidate's cost per step on a stage's mesh.
+struct UnitCost {
+  double comm_us = 0;
+  int64_t calls = 0, bytes = 0;
+  int64_t state_bytes = 0;       // parameters, gradients and AdamW moments by their stored shard
+  int64_t activation_bytes = 0;  // one microbatch's saved activations of the linear layers
+  int64_t gather_bytes = 0;      // the largest parameter an FSDP all-gather materialises
+};
+
+// Prices a candidate's communication and memory unit by unit, for microbatches of `rows` rows:
+// what moves per microbatch (FSDP's gathers and gradient reduce-scatters, tensor parallel
+// activations) counts `microbatches` times, DDP's gradient all-reduce once (NoSync defers it).
+std::vector<UnitCost> price_units(const PlanEstimate& e, nn::TransformerLM& model, const MeshSpec& spec,
+                                  const CostModel& cost, int64_t rows, int64_t seq, int64_t microbatches) {
   const PlanOptions plan_options{cost};
   const int64_t tp = e.tp_axis.empty() ? -1 : spec.dim_of(e.tp_axis, "parallelize");
   std::vector<int64_t> dp;
-  for (const auto& a : e.dp_axes) dp.push_back(spec.dim_of(a, "parallelize"));
-  int64_t ways = tp >= 0 ? spec.size(tp) : 1, dp_ways = 1;
-  for (int64_t m : dp) ways *= spec.size(m), dp_ways *= spec.size(m);
-  e.compute_us = unsharded_us / static_cast<double>(ways);
-  const auto price = [&](const Layout& src, const Layout& dst) {
+  int64_t dp_ways = 1;
+  for (const auto& a : e.dp_axes) dp.push_back(spec.dim_of(a, "parallelize")), dp_ways *= spec.size(dp.back());
+  std::vector<UnitCost> units(static_cast<size_t>(detail::unit_count(model)));
+  const auto price = [&](UnitCost& u, const Layout& src, const Layout& dst, int64_t times) {
     const Plan p = plan(src, dst, plan_options);
-    e.comm_us += p.estimated_us;
-    e.comm_calls += p.calls();
-    e.comm_bytes += p.max_bytes_received();
+    u.comm_us += static_cast<double>(times) * p.estimated_us;
+    u.calls += times * p.calls();
+    u.bytes += times * p.max_bytes_received();
   };
   const auto with = [&](Placements placements, int64_t m, Placement p) {
     placements[static_cast<size_t>(m)] = p;
@@ -130,10 +140,11 @@ void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOption
   };
   const std::map<std::string, nn::ParallelStyle> tp_plan = nn::transformer_tp_plan();
   const Placements replicate(static_cast<size_t>(spec.ndim()), Replicate{});
-  const int64_t tokens = options.batch * options.seq;
-  int64_t memory = 0, largest_gather = 0;
+  const std::vector<int64_t> origin(static_cast<size_t>(spec.ndim()), 0);
+  const int64_t tokens = rows * seq;
   std::vector<std::string> colwise_parents;
   for (const auto& [path, param] : model.named_parameters()) {
+    UnitCost& u = units[static_cast<size_t>(detail::unit_of(model, path))];
     const std::string module = parent_of(path), name = path.substr(module.empty() ? 0 : module.size() + 1);
     nn::Module& sub = module.empty() ? static_cast<nn::Module&>(model) : model.submodule(module);
     const auto* linear = dynamic_cast<const nn::Linear*>(&sub);
@@ -156,17 +167,16 @@ void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOption
       std::vector<int64_t> order = compute_layout.shard_order(0);
       order.push_back(m);
       storage = Layout(shape, dtype, spec, with(compute, m, Shard{0}), ShardOrder{{0, order}});
-      price(storage, compute_layout);  // all_gather for the forward
-      price(Layout(shape, dtype, spec, with(compute, m, Partial{})), storage);  // reduce_scatter of the gradient
-      largest_gather = std::max(largest_gather, compute_layout.local_shape(std::vector<int64_t>(spec.ndim(), 0)).numel() *
-                                                    itemsize(dtype));
+      price(u, storage, compute_layout, microbatches);  // all_gather for the forward
+      price(u, Layout(shape, dtype, spec, with(compute, m, Partial{})), storage, microbatches);  // gradient reduce_scatter
+      u.gather_bytes = std::max(u.gather_bytes, compute_layout.local_shape(origin).numel() * itemsize(dtype));
     } else if (!dp.empty()) {
       Placements partial = compute;
       for (int64_t m : dp) partial[static_cast<size_t>(m)] = Partial{};
-      price(Layout(shape, dtype, spec, partial), compute_layout);  // all_reduce of the gradient
+      price(u, Layout(shape, dtype, spec, partial), compute_layout, 1);  // all_reduce of the gradient
     }
     // Parameter, gradient and AdamW's two moments, by the stored shard (the largest rank's).
-    memory += 4 * storage.local_shape(std::vector<int64_t>(spec.ndim(), 0)).numel() * itemsize(dtype);
+    u.state_bytes += 4 * storage.local_shape(origin).numel() * itemsize(dtype);
     if (name != "weight" || !(linear || embedding)) continue;
     // Tensor parallel activations: a row-parallel output is all-reduced in the forward; the input
     // of column-parallel siblings (q, k, v share one) has its gradient all-reduced in the backward.
@@ -177,20 +187,152 @@ void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOption
       return Layout(Shape{tokens, features}, dtype, spec, p);
     };
     const int64_t in = linear ? linear->in_features() : shape[0], out = linear ? linear->out_features() : shape[1];
-    if (rowwise) price(activation(out, Partial{}), activation(out, Replicate{}));
+    if (rowwise) price(u, activation(out, Partial{}), activation(out, Replicate{}), microbatches);
     if (colwise && linear && std::find(colwise_parents.begin(), colwise_parents.end(), parent_of(module)) ==
                                  colwise_parents.end()) {
       colwise_parents.push_back(parent_of(module));
-      price(activation(in, Partial{}), activation(in, Replicate{}));
+      price(u, activation(in, Partial{}), activation(in, Replicate{}), microbatches);
     }
     // Saved activations of a linear layer: its input and output on this rank.
     if (linear) {
       const int64_t tp_ways = tp >= 0 ? spec.size(tp) : 1;
-      memory += tokens / dp_ways * (in / (rowwise ? tp_ways : 1) + out / (colwise ? tp_ways : 1)) * itemsize(dtype);
+      u.activation_bytes +=
+          tokens / dp_ways * (in / (rowwise ? tp_ways : 1) + out / (colwise ? tp_ways : 1)) * itemsize(dtype);
     }
+  }
+  return units;
+}
+
+// The ranks that split one stage's compute under a candidate.
+int64_t ways_of(const PlanEstimate& e, const MeshSpec& spec) {
+  int64_t ways = e.tp_axis.empty() ? 1 : spec.size(spec.dim_of(e.tp_axis, "parallelize"));
+  for (const auto& a : e.dp_axes) ways *= spec.size(spec.dim_of(a, "parallelize"));
+  return ways;
+}
+
+// Prices a candidate without a pipeline: the whole step on the mesh.
+void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOptions& options, double unsharded_us,
+              const CostModel& cost, int64_t budget) {
+  const MeshSpec& spec = model.mesh().spec();
+  e.compute_us = unsharded_us / static_cast<double>(ways_of(e, spec));
+  int64_t memory = 0, largest_gather = 0;
+  for (const UnitCost& u : price_units(e, model, spec, cost, options.batch, options.seq, 1)) {
+    e.comm_us += u.comm_us;
+    e.comm_calls += u.calls;
+    e.comm_bytes += u.bytes;
+    memory += u.state_bytes + u.activation_bytes;
+    largest_gather = std::max(largest_gather, u.gather_bytes);
   }
   e.memory_bytes = memory + largest_gather;
   e.fits = budget <= 0 || e.memory_bytes <= budget;
+}
+
+// What a pipeline run of a candidate needs to price a stage of units [first, end).
+struct PipelinePricing {
+  std::vector<UnitCost> units;
+  std::vector<double> compute_us;  // per unit per microbatch, split over the stage's ranks
+  double boundary_us = 0;          // one activation (or its gradient) across a boundary
+  int64_t boundary_bytes = 0;
+  int64_t stages = 1, microbatches = 1;
+  Schedule schedule = Schedule::one_f_one_b;
+
+  // The stage's time per microbatch, with or without its communication.
+  double time_us(int64_t s, int64_t first, int64_t end, bool with_comm) const {
+    double t = 0;
+    for (int64_t u = first; u < end; ++u) {
+      t += compute_us[static_cast<size_t>(u)];
+      if (with_comm) t += units[static_cast<size_t>(u)].comm_us / static_cast<double>(microbatches);
+    }
+    if (with_comm) t += static_cast<double>(boundaries(s)) * boundary_us;
+    return t;
+  }
+  // Stage s receives the activation from s - 1 and the gradient from s + 1.
+  int64_t boundaries(int64_t s) const { return (s > 0 ? 1 : 0) + (s + 1 < stages ? 1 : 0); }
+  // Microbatches whose activations stage s holds at once.
+  int64_t held(int64_t s) const {
+    return schedule == Schedule::gpipe ? microbatches : std::min(microbatches, stages - s);
+  }
+  int64_t memory_bytes(int64_t s, int64_t first, int64_t end) const {
+    int64_t state = 0, activations = 0, gather = 0;
+    for (int64_t u = first; u < end; ++u) {
+      const UnitCost& c = units[static_cast<size_t>(u)];
+      state += c.state_bytes, activations += c.activation_bytes, gather = std::max(gather, c.gather_bytes);
+    }
+    return state + held(s) * activations + gather;
+  }
+};
+
+// Stage boundaries minimising the slowest stage's time per microbatch over contiguous runs of
+// at least one unit, among those whose every stage fits `budget` (0: any); dynamic programming
+// over (stage, end unit). Returns the S + 1 boundaries, or none when nothing fits.
+std::vector<int64_t> choose_boundaries(const PipelinePricing& p, int64_t budget) {
+  const int64_t S = p.stages, U = static_cast<int64_t>(p.units.size());
+  constexpr double kNone = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(U + 1), kNone));
+  std::vector<std::vector<int64_t>> from(static_cast<size_t>(S), std::vector<int64_t>(static_cast<size_t>(U + 1), -1));
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t end = s + 1; end <= U - (S - 1 - s); ++end)
+      for (int64_t first = s == 0 ? 0 : s; first < end && (s > 0 || first == 0); ++first) {
+        const double before = s == 0 ? 0 : best[static_cast<size_t>(s - 1)][static_cast<size_t>(first)];
+        if (before == kNone || (budget > 0 && p.memory_bytes(s, first, end) > budget)) continue;
+        const double slowest = std::max(before, p.time_us(s, first, end, true));
+        if (slowest < best[static_cast<size_t>(s)][static_cast<size_t>(end)]) {
+          best[static_cast<size_t>(s)][static_cast<size_t>(end)] = slowest;
+          from[static_cast<size_t>(s)][static_cast<size_t>(end)] = first;
+        }
+      }
+  if (best[static_cast<size_t>(S - 1)][static_cast<size_t>(U)] == kNone) return {};
+  std::vector<int64_t> bounds(static_cast<size_t>(S + 1));
+  bounds[static_cast<size_t>(S)] = U;
+  for (int64_t s = S - 1; s >= 0; --s)
+    bounds[static_cast<size_t>(s)] = from[static_cast<size_t>(s)][static_cast<size_t>(bounds[static_cast<size_t>(s + 1)])];
+  return bounds;
+}
+
+// Prices a candidate as the plan inside every stage of a pipeline, choosing its boundaries.
+void estimate_pipeline(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOptions& options,
+                       const std::vector<double>& unit_us, int64_t stages, const CostModel& cost, int64_t budget) {
+  const MeshSpec& spec = model.mesh().spec();
+  const int64_t n = options.microbatches, rows = (options.batch + n - 1) / n;
+  PipelinePricing p;
+  p.stages = stages;
+  p.microbatches = n;
+  p.schedule = options.schedule;
+  p.units = price_units(e, model, spec, cost, rows, options.seq, n);
+  for (double us : unit_us) p.compute_us.push_back(us / static_cast<double>(ways_of(e, spec)));
+  int64_t dp_ways = 1;
+  for (const auto& a : e.dp_axes) dp_ways *= spec.size(spec.dim_of(a, "parallelize"));
+  p.boundary_bytes = (rows + dp_ways - 1) / dp_ways * options.seq * model.config().dim * itemsize(DType::f32);
+  p.boundary_us = cost.call_us + static_cast<double>(p.boundary_bytes) / cost.bytes_per_us;
+  std::vector<int64_t> bounds = choose_boundaries(p, budget);
+  e.fits = !bounds.empty();
+  if (!e.fits) bounds = choose_boundaries(p, 0);
+  // The step: the first microbatch through every stage, then one per microbatch at the slowest.
+  double total = 0, slowest = 0, compute_total = 0, compute_slowest = 0;
+  std::string layout;
+  for (int64_t s = 0; s < stages; ++s) {
+    const int64_t first = bounds[static_cast<size_t>(s)], end = bounds[static_cast<size_t>(s + 1)];
+    const double t = p.time_us(s, first, end, true), c = p.time_us(s, first, end, false);
+    total += t, slowest = std::max(slowest, t), compute_total += c, compute_slowest = std::max(compute_slowest, c);
+    int64_t calls = n * p.boundaries(s), bytes = n * p.boundaries(s) * p.boundary_bytes;
+    std::vector<std::string> modules;
+    for (int64_t u = first; u < end; ++u) {
+      calls += p.units[static_cast<size_t>(u)].calls, bytes += p.units[static_cast<size_t>(u)].bytes;
+      for (std::string& m : detail::unit_modules(model, u)) modules.push_back(std::move(m));
+    }
+    e.stages.push_back(std::move(modules));
+    e.comm_calls = std::max(e.comm_calls, calls);
+    e.comm_bytes = std::max(e.comm_bytes, bytes);
+    e.memory_bytes = std::max(e.memory_bytes, p.memory_bytes(s, first, end));
+    if (s > 0) layout += '|';
+    layout += detail::unit_label(model, first);
+    if (end - first > 1) layout += '-', layout += detail::unit_label(model, end - 1);
+  }
+  e.compute_us = compute_total + static_cast<double>(n - 1) * compute_slowest;
+  e.comm_us = total + static_cast<double>(n - 1) * slowest - e.compute_us;
+  std::string name = "pp(";
+  name += options.pipeline_axis, name += ")[", name += layout, name += "] + ", name += e.name;
+  e.name = std::move(name);
 }
 
 std::string mib(int64_t bytes) {
@@ -204,11 +346,11 @@ std::string mib(int64_t bytes) {
 std::string ParallelPlan::to_string() const {
   std::ostringstream out;
   char line[256];
-  std::snprintf(line, sizeof line, "%-24s %12s %12s %12s %7s %12s %14s  %s\n", "plan", "estimate us", "compute us",
+  std::snprintf(line, sizeof line, "%-40s %12s %12s %12s %7s %12s %14s  %s\n", "plan", "estimate us", "compute us",
                 "comm us", "calls", "comm bytes", "memory/rank", "");
   out << line;
   for (const PlanEstimate& e : candidates) {
-    std::snprintf(line, sizeof line, "%-24s %12.0f %12.0f %12.0f %7lld %12lld %14s  %s\n", e.name.c_str(),
+    std::snprintf(line, sizeof line, "%-40s %12.0f %12.0f %12.0f %7lld %12lld %14s  %s\n", e.name.c_str(),
                   e.estimated_us(), e.compute_us, e.comm_us, static_cast<long long>(e.comm_calls),
                   static_cast<long long>(e.comm_bytes), mib(e.memory_bytes).c_str(),
                   e.name == chosen.name ? "<- chosen" : (e.fits ? "" : "over budget"));
@@ -217,18 +359,59 @@ std::string ParallelPlan::to_string() const {
   return out.str();
 }
 
-ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_bytes, const ParallelizeOptions& options) {
+ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
+                              const ParallelizeOptions& options) {
   for (const auto& [path, p] : model.named_parameters())
     TESSERA_CHECK(p->layout().is_replicated(), ShardingError, "parallelize", "parameter ", path, " is already ",
                   p->layout().to_string(), "; parallelize takes an unsharded model");
-  const double unsharded = options.unsharded_step_us > 0 ? options.unsharded_step_us
-                                                         : measure_unsharded_step_us(model, options);
-  CostModel cost = options.cost.value_or(CostModel::for_backend(world().backend()));
-  if (!options.cost) cost.call_us = std::max(cost.call_us, measure_call_us(model.mesh()));
   ParallelPlan result;
+  const bool pipelined = !options.pipeline_axis.empty();
+  if (pipelined) {
+    const int64_t axis = mesh.spec().dim_of(options.pipeline_axis, "parallelize");
+    TESSERA_CHECK(mesh.ndim() >= 2, ShardingError, "parallelize", "the pipeline axis '", options.pipeline_axis,
+                  "' must leave a mesh for each stage: ", mesh.to_string(), " has no other axis (add one of size 1)");
+    TESSERA_CHECK(mesh.is_member(), ShardingError, "parallelize", "this rank is not on ", mesh.to_string());
+    TESSERA_CHECK(options.microbatches >= 1, ValueError, "parallelize", "microbatches must be at least 1, got ",
+                  options.microbatches);
+    for (int64_t i = 0; i < mesh.size(axis); ++i) result.stage_meshes.push_back(mesh.slice({{options.pipeline_axis, i}}));
+    const DeviceMesh& mine = result.stage_meshes[static_cast<size_t>(mesh.coordinate()[static_cast<size_t>(axis)])];
+    TESSERA_CHECK(model.mesh().spec() == mine.spec(), ShardingError, "parallelize", "with pipeline axis '",
+                  options.pipeline_axis, "' the model must live on this rank's stage mesh ", mine.to_string(),
+                  ", not on ", model.mesh().to_string());
+    const int64_t stages = mesh.size(axis);
+    TESSERA_CHECK(detail::unit_count(model) >= stages, ShardingError, "parallelize", "a ", stages,
+                  "-stage pipeline needs at least as many units (embeddings, ", model.config().layers,
+                  " blocks, head), got ", detail::unit_count(model));
+    result.pipeline_axis = options.pipeline_axis;
+    result.microbatches = options.microbatches;
+    result.schedule = options.schedule;
+  } else {
+    TESSERA_CHECK(mesh.spec() == model.mesh().spec(), ShardingError, "parallelize", "the model lives on ",
+                  model.mesh().to_string(), ", not on ", mesh.to_string());
+  }
+  CostModel cost = options.cost.value_or(CostModel::for_backend(world().backend()));
+  if (!options.cost) {
+    double call = measure_call_us(model.mesh());
+    if (const auto comm = mesh.mesh_comm_ptr()) comm->all_reduce(&call, 1, DType::f64, ReduceOp::max);
+    cost.call_us = std::max(cost.call_us, call);
+  }
   result.cost = cost;
   result.candidates = candidates_of(model.mesh().spec());
-  for (PlanEstimate& e : result.candidates) estimate(e, model, options, unsharded, cost, memory_budget_bytes);
+  if (pipelined) {
+    const int64_t n = options.microbatches;
+    std::vector<double> unit_us = options.unit_us;
+    if (unit_us.empty()) unit_us = detail::measure_unit_us(model, (options.batch + n - 1) / n, options.seq, mesh);
+    TESSERA_CHECK(static_cast<int64_t>(unit_us.size()) == detail::unit_count(model), ValueError, "parallelize",
+                  "unit_us has ", unit_us.size(), " times; the model has ", detail::unit_count(model),
+                  " units (embeddings, each block, head)");
+    for (PlanEstimate& e : result.candidates)
+      estimate_pipeline(e, model, options, unit_us, static_cast<int64_t>(result.stage_meshes.size()), cost,
+                        memory_budget_bytes);
+  } else {
+    const double unsharded = options.unsharded_step_us > 0 ? options.unsharded_step_us
+                                                           : measure_unsharded_step_us(model, options);
+    for (PlanEstimate& e : result.candidates) estimate(e, model, options, unsharded, cost, memory_budget_bytes);
+  }
   const PlanEstimate* best = nullptr;
   const PlanEstimate* smallest = &result.candidates.front();
   for (const PlanEstimate& e : result.candidates) {
@@ -236,7 +419,7 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_by
     if (e.fits && (!best || e.estimated_us() < best->estimated_us())) best = &e;
   }
   TESSERA_CHECK(best != nullptr, ValueError, "parallelize", "no plan fits the memory budget of ",
-                mib(memory_budget_bytes), " per rank on ", model.mesh().to_string(), "; the smallest, ", smallest->name,
+                mib(memory_budget_bytes), " per rank on ", mesh.to_string(), "; the smallest, ", smallest->name,
                 ", needs ", mib(smallest->memory_bytes));
   result.chosen = *best;
   const MeshSpec& spec = model.mesh().spec();
@@ -245,19 +428,59 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_by
   return result;
 }
 
+ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_bytes, const ParallelizeOptions& options) {
+  return plan_parallelism(model, model.mesh(), memory_budget_bytes, options);
+}
+
 ParallelPlan parallelize(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
                          const ParallelizeOptions& options) {
-  TESSERA_CHECK(mesh.spec() == model.mesh().spec(), ShardingError, "parallelize", "the model lives on ",
-                model.mesh().to_string(), ", not on ", mesh.to_string());
-  ParallelPlan result = plan_parallelism(model, memory_budget_bytes, options);
+  ParallelPlan result = plan_parallelism(model, mesh, memory_budget_bytes, options);
   if (options.print && mesh.is_member() && mesh.coordinate() == std::vector<int64_t>(static_cast<size_t>(mesh.ndim()), 0))
-    std::printf("parallelize on %s (budget %s per rank, step of [%lld, %lld] tokens, %s):\n%s",
+    std::printf("parallelize on %s (budget %s per rank, step of [%lld, %lld] tokens%s, %s):\n%s",
                 mesh.to_string().c_str(), memory_budget_bytes > 0 ? mib(memory_budget_bytes).c_str() : "none",
                 static_cast<long long>(options.batch), static_cast<long long>(options.seq),
+                result.pipeline_axis.empty()
+                    ? ""
+                    : (" in " + std::to_string(result.microbatches) + " microbatches").c_str(),
                 result.cost.to_string().c_str(), result.to_string().c_str());
   if (!result.chosen.tp_axis.empty()) nn::parallelize_module(model, result.chosen.tp_axis, nn::transformer_tp_plan());
   if (result.chosen.fsdp) nn::fully_shard(model, result.chosen.dp_axes.front());
   return result;
+}
+
+Pipeline make_pipeline(nn::TransformerLM& model, const ParallelPlan& plan) {
+  TESSERA_CHECK(!plan.pipeline_axis.empty(), ValueError, "make_pipeline", "the plan ", plan.chosen.name,
+                " has no pipeline axis (set ParallelizeOptions::pipeline_axis)");
+  std::vector<Stage> stages;
+  int64_t first = 0;
+  for (size_t s = 0; s < plan.chosen.stages.size(); ++s) {
+    int64_t end = first;
+    for (const std::string& module : plan.chosen.stages[s])
+      end = std::max(end, detail::unit_of(model, module + ".") + 1);
+    stages.push_back({plan.stage_meshes[s], [&model, first, end](const DTensor& x) {
+                        return detail::run_units(model, first, end, x);
+                      }});
+    first = end;
+  }
+  PipelineOptions options;
+  options.schedule = plan.schedule;
+  options.microbatches = plan.microbatches;
+  return Pipeline(std::move(stages), detail::next_token_loss, options);
+}
+
+std::vector<DTensor*> stage_parameters(nn::TransformerLM& model, const ParallelPlan& plan) {
+  std::vector<DTensor*> params;
+  int64_t mine = -1;
+  for (size_t s = 0; s < plan.stage_meshes.size(); ++s)
+    if (plan.stage_meshes[s].is_member()) mine = static_cast<int64_t>(s);
+  for (const auto& [path, p] : model.named_parameters()) {
+    bool keep = plan.pipeline_axis.empty();
+    if (mine >= 0)
+      for (const std::string& module : plan.chosen.stages[static_cast<size_t>(mine)])
+        keep = keep || path.rfind(module + ".", 0) == 0;
+    if (keep) params.push_back(p);
+  }
+  return params;
 }
 
 }  // namespace tessera::mpmd

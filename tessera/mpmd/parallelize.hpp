@@ -12,12 +12,23 @@
 //
 // and its memory per rank (parameters, gradients and AdamW moments by their shards, the linear
 // layers' saved activations) is checked against the budget.
+//
+// With a pipeline axis, the mesh's slices along it become stages: the model is cut into
+// contiguous runs of units (the embeddings, each block, the final norm and head), one per stage,
+// and every stage applies the same plan over the remaining axes. Each unit's forward + backward
+// is measured unsharded at the microbatch's shape; a stage's time per microbatch is its units'
+// (divided by the ranks splitting them) plus their communication and the activation or gradient
+// it receives across each boundary; the step is sum(stage) + (microbatches - 1) * max(stage),
+// the first microbatch's trip through every stage and then one per microbatch at the slowest
+// stage's pace. The boundaries minimise the slowest stage among those whose memory fits (a 1F1B
+// stage s holds min(n, S - s) microbatches' activations, GPipe n).
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <tessera/core/export.hpp>
+#include <tessera/mpmd/pipeline.hpp>
 #include <tessera/nn/layers.hpp>
 #include <tessera/sharding/cost_model.hpp>
 
@@ -33,6 +44,17 @@ struct ParallelizeOptions {
   double unsharded_step_us = 0;
   /// The communication model; default: the running backend's, its call latency re-measured here.
   std::optional<CostModel> cost;
+
+  /// A mesh axis whose slices become pipeline stages; empty: no pipeline. The model is then this
+  /// rank's copy, built on its stage's mesh (mesh.slice({axis: this rank's index})), with the
+  /// same seed on every stage.
+  std::string pipeline_axis;
+  int64_t microbatches = 4;                   ///< the pipeline's, splitting `batch`
+  Schedule schedule = Schedule::one_f_one_b;  ///< the pipeline's (how many microbatches a stage holds)
+  /// The forward + backward time of each unit (the embeddings, each block, the norm and head)
+  /// at one microbatch's shape on a stage's mesh, unsharded, in us; empty: measured (the median of
+  /// three, the slowest rank's).
+  std::vector<double> unit_us;
 };
 
 /// One candidate plan and its estimate.
@@ -41,6 +63,8 @@ struct PlanEstimate {
   std::string tp_axis;               ///< empty: no tensor parallelism
   std::vector<std::string> dp_axes;  ///< the axes splitting the batch
   bool fsdp = false;                 ///< parameters sharded over dp_axes (one axis)
+  /// With a pipeline axis: each stage's module paths ({"tok", "pos", "blocks.0"}, ...).
+  std::vector<std::vector<std::string>> stages;
   double compute_us = 0, comm_us = 0;
   int64_t comm_calls = 0, comm_bytes = 0;  ///< per rank per step (the busiest rank's receives)
   int64_t memory_bytes = 0;                ///< per rank
@@ -53,20 +77,41 @@ struct ParallelPlan {
   PlanEstimate chosen;
   CostModel cost;   ///< the communication model used (the backend's, its call latency re-measured)
   Placements data;  ///< where the step's tokens and targets go: Shard(0) on the dp axes
+  /// With a pipeline axis: the axis, the stages' meshes (its slices, in order), the schedule.
+  std::string pipeline_axis;
+  std::vector<DeviceMesh> stage_meshes;
+  int64_t microbatches = 1;
+  Schedule schedule = Schedule::one_f_one_b;
   std::string to_string() const;
 };
 
-/// The candidates' estimates for `model` on its mesh, without applying any (collective: it
-/// measures the unsharded step unless given). The model must still be unsharded.
+/// The candidates' estimates for `model` on `mesh`, without applying any (collective over `mesh`:
+/// it measures the unsharded step unless given). The model must still be unsharded, on `mesh`, or
+/// with options.pipeline_axis on this rank's slice of `mesh` along it. Throws ShardingError for a
+/// model on another mesh, an unknown pipeline axis, or fewer units than stages.
+ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
+                              const ParallelizeOptions& options = {});
+/// plan_parallelism on the model's own mesh (no pipeline axis).
 ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_bytes,
                               const ParallelizeOptions& options = {});
 
 /// Chooses the cheapest plan that fits `memory_budget_bytes` per rank (0: no limit), applies it
 /// to `model` (parallelize_module over the tp axis, fully_shard over the dp axis) and returns it.
-/// `mesh` must be the model's mesh. Throws ShardingError for another mesh or a model already
-/// sharded, ValueError naming the smallest plan's memory when none fits.
+/// `mesh` must be the model's mesh, or with a pipeline axis the mesh it slices. Throws
+/// ShardingError as plan_parallelism and for a model already sharded, ValueError naming the
+/// smallest plan's memory when none fits. With a pipeline axis, make_pipeline builds the
+/// pipeline that runs the plan.
 ParallelPlan parallelize(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
                          const ParallelizeOptions& options = {});
+
+/// The pipeline of a plan with a pipeline axis: stage s runs plan.chosen.stages[s]'s modules of
+/// `model` (this rank's copy) on plan.stage_meshes[s], the loss the model's next-token
+/// cross-entropy. Its step takes tokens on the first stage's mesh and targets on the last's, both
+/// placed as plan.data. Throws ValueError for a plan without a pipeline axis.
+Pipeline make_pipeline(nn::TransformerLM& model, const ParallelPlan& plan);
+/// The parameters this rank's stage trains (every parameter without a pipeline axis): what its
+/// optimizer steps.
+std::vector<DTensor*> stage_parameters(nn::TransformerLM& model, const ParallelPlan& plan);
 
 }  // namespace mpmd
 }  // namespace tessera

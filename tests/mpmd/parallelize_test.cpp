@@ -100,3 +100,118 @@ TEST(Parallelize, AppliesThePlanItChose) {
     EXPECT_TRUE(sharding_error([&] { parallelize(reference, other, 0, shapes(4, 8)); }, {"[parallelize]", "the model lives on"}));
   });
 }
+
+namespace {
+
+// This rank's stage mesh of a pp x x mesh.
+DeviceMesh my_stage(const DeviceMesh& mesh) { return mesh.slice({{"pp", mesh.coordinate("pp")}}); }
+
+ParallelizeOptions pipelined(int64_t batch, int64_t seq, int64_t microbatches, std::vector<double> unit_us) {
+  ParallelizeOptions o = shapes(batch, seq);
+  o.pipeline_axis = "pp";
+  o.microbatches = microbatches;
+  o.unit_us = std::move(unit_us);
+  return o;
+}
+
+}  // namespace
+
+// Stage boundaries balance the stages' measured times: equal blocks split evenly; a head as heavy
+// as three blocks gets a stage of its own.
+TEST(Parallelize, ChoosesStageBoundariesThatBalanceTheStages) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    if (n % 2) return;
+    const DeviceMesh mesh({2, n / 2}, {"pp", "x"});
+    nn::TransformerConfig c = config(8, 16, 8, 8);
+    c.layers = 4;
+    nn::TransformerLM model(my_stage(mesh), c);
+    // Unit times dwarf this small model's communication, so they decide.
+    const ParallelPlan even = plan_parallelism(model, mesh, 0, pipelined(8, 8, 4, {100, 1e4, 1e4, 1e4, 1e4, 100}));
+    EXPECT_EQ(even.chosen.stages,
+              (std::vector<std::vector<std::string>>{{"tok", "pos", "blocks.0", "blocks.1"},
+                                                     {"blocks.2", "blocks.3", "norm", "head"}}))
+        << even.to_string();
+    EXPECT_EQ(even.stage_meshes.size(), 2u);
+    EXPECT_NE(even.chosen.name.find("pp(pp)[emb-b1|b2-head]"), std::string::npos) << even.to_string();
+    // (n - 1 + S) microbatch slots of the slowest stage: 5 x ~20.1 ms / ways.
+    const double ways = static_cast<double>(n / 2);
+    EXPECT_NEAR(even.chosen.compute_us, 5 * 20100 / ways, 1.0) << even.to_string();
+    const ParallelPlan heavy_head =
+        plan_parallelism(model, mesh, 0, pipelined(8, 8, 4, {100, 1e4, 1e4, 1e4, 1e4, 3.5e4}));
+    EXPECT_EQ(heavy_head.chosen.stages,
+              (std::vector<std::vector<std::string>>{{"tok", "pos", "blocks.0", "blocks.1", "blocks.2", "blocks.3"},
+                                                     {"norm", "head"}}))
+        << heavy_head.to_string();
+    // 1F1B's first stage holds two microbatches' activations, GPipe's all four: a budget between
+    // the two fits only 1F1B.
+    ParallelizeOptions gpipe = pipelined(8, 8, 4, {100, 1e4, 1e4, 1e4, 1e4, 100});
+    gpipe.schedule = Schedule::gpipe;
+    const ParallelPlan all_held = plan_parallelism(model, mesh, 0, gpipe);
+    for (size_t i = 0; i < even.candidates.size(); ++i)
+      EXPECT_LT(even.candidates[i].memory_bytes, all_held.candidates[i].memory_bytes) << even.candidates[i].name;
+  });
+}
+
+// The pipeline parallelize builds computes the unsplit model's loss and gradients (its unit
+// times measured here, so whatever boundaries it picks).
+TEST(Parallelize, PipelinePlanTrainsLikeTheUnsplitModel) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    if (n % 2) return;
+    const DeviceMesh mesh({2, n / 2}, {"pp", "x"});
+    const nn::TransformerConfig c = config(16, 32, 16, 8);
+    manual_seed(11);
+    nn::TransformerLM model(my_stage(mesh), c);
+    manual_seed(11);
+    nn::TransformerLM reference(mesh, c);
+    const ParallelPlan plan = parallelize(model, mesh, 0, pipelined(4, 8, 2, {}));
+    ASSERT_EQ(plan.chosen.stages.size(), 2u) << plan.to_string();
+    Pipeline pipeline = make_pipeline(model, plan);
+    std::vector<int64_t> ids(32), next(32);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 16), next[i] = static_cast<int64_t>(i * 3 % 16);
+    const Tensor tokens = from_vector(ids, Shape{4, 8}), targets = from_vector(next, Shape{4, 8});
+    const double loss = pipeline.step(distribute_tensor(tokens, plan.stage_meshes.front(), plan.data),
+                                      distribute_tensor(targets, plan.stage_meshes.back(), plan.data));
+    const Placements whole{Replicate{}, Replicate{}};
+    const DTensor expected = reference.loss(distribute_tensor(tokens, mesh, whole), distribute_tensor(targets, mesh, whole));
+    expected.backward();
+    EXPECT_NEAR(loss, expected.full_tensor().item<double>(), 1e-5) << plan.to_string();
+    const std::vector<DTensor*> mine = stage_parameters(model, plan);
+    EXPECT_FALSE(mine.empty());
+    for (const auto& [path, p] : model.named_parameters()) {
+      if (std::find(mine.begin(), mine.end(), p) == mine.end()) continue;
+      const DTensor* ref = nullptr;
+      for (const auto& [ref_path, q] : reference.named_parameters())
+        if (ref_path == path) ref = q;
+      ASSERT_TRUE(ref && p->grad().defined()) << path;
+      EXPECT_TRUE(allclose(p->grad().full_tensor(), ref->grad().full_tensor(), 1e-4, 1e-5)) << path;
+    }
+  });
+}
+
+TEST(Parallelize, PipelineAxisErrors) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    if (n % 2) return;
+    const DeviceMesh mesh({2, n / 2}, {"pp", "x"});
+    nn::TransformerLM whole_model(mesh, config(8, 16, 8, 8));
+    EXPECT_TRUE(sharding_error([&] { plan_parallelism(whole_model, mesh, 0, pipelined(8, 8, 2, {})); },
+                               {"[parallelize]", "this rank's stage mesh"}));
+    nn::TransformerLM model(my_stage(mesh), config(8, 16, 8, 8));
+    ParallelizeOptions unknown = pipelined(8, 8, 2, {});
+    unknown.pipeline_axis = "stages";
+    EXPECT_TRUE(sharding_error([&] { plan_parallelism(model, mesh, 0, unknown); }, {"parallelize", "stages"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { plan_parallelism(model, mesh, 0, pipelined(8, 8, 2, {1, 2})); },
+                                        {"[parallelize]", "unit_us has 2 times", "4 units"}));
+    // n stages of 1-layer models: 3 units cannot fill 4 or more stages.
+    const DeviceMesh tall({n, 1}, {"pp", "x"});
+    nn::TransformerConfig one = config(8, 16, 8, 8);
+    one.layers = 1;
+    nn::TransformerLM small(my_stage(tall), one);
+    EXPECT_TRUE(sharding_error([&] { plan_parallelism(small, tall, 0, pipelined(8, 8, 2, {})); },
+                               {"[parallelize]", "needs at least as many units"}));
+    const ParallelPlan flat = plan_parallelism(whole_model, 0, shapes(8, 8));
+    EXPECT_TRUE(throws_with<ValueError>([&] { make_pipeline(whole_model, flat); }, {"[make_pipeline]", "no pipeline axis"}));
+  });
+}
