@@ -6,7 +6,10 @@
 // same model (same seed) on one device, checks that both end with the same parameters, and
 // prints the schedule, the bubble and what moved. Exits 1 if the check fails.
 //
-// Run: train_pipeline --ranks 8 [--steps 10 --microbatches 4 --gpipe] (threads), or
+// With --interleaved the model is cut into four chunks (embeddings, block 0, block 1, norm and
+// head) cycling over the two stage meshes, each rank running two (Megatron's interleaved 1F1B).
+//
+// Run: train_pipeline --ranks 8 [--steps 10 --microbatches 4 --gpipe | --interleaved] (threads), or
 // mpirun -np 8 train_pipeline. Any even world works (dp 2 where the stage's ranks are even; --ranks 4: dp 2 x tp 1).
 #include <algorithm>
 #include <cmath>
@@ -31,6 +34,7 @@ struct Options {
   int steps = 10;
   int64_t microbatches = 4;
   bool gpipe = false;
+  bool interleaved = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -39,14 +43,16 @@ Options parse(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) o.steps = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--microbatches") && i + 1 < argc) o.microbatches = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--gpipe")) o.gpipe = true;
+    if (!std::strcmp(argv[i], "--interleaved")) o.interleaved = true;
   }
   return o;
 }
 
 constexpr int64_t kRows = 8;
 
-// The module paths of each stage.
+// The module paths of each stage; interleaved, four chunks cycling over the two meshes.
 const std::vector<std::vector<std::string>> kStagePaths = {{"tok", "pos", "blocks.0"}, {"blocks.1", "norm", "head"}};
+const std::vector<std::vector<std::string>> kChunkPaths = {{"tok", "pos"}, {"blocks.0"}, {"blocks.1"}, {"norm", "head"}};
 
 std::vector<DTensor*> parameters_under(nn::Module& model, const std::vector<std::string>& paths) {
   std::vector<DTensor*> params;
@@ -89,7 +95,13 @@ int main(int argc, char** argv) {
     nn::TransformerLM model(mesh, config);
     nn::parallelize_module(model, "tp", nn::transformer_tp_plan());
     nn::fully_shard(model, "dp");
-    const std::vector<DTensor*> params = parameters_under(model, kStagePaths[static_cast<size_t>(my_stage)]);
+    std::vector<std::string> my_paths = kStagePaths[static_cast<size_t>(my_stage)];
+    if (options.interleaved) {
+      my_paths = kChunkPaths[static_cast<size_t>(my_stage)];
+      my_paths.insert(my_paths.end(), kChunkPaths[static_cast<size_t>(my_stage + 2)].begin(),
+                      kChunkPaths[static_cast<size_t>(my_stage + 2)].end());
+    }
+    const std::vector<DTensor*> params = parameters_under(model, my_paths);
     nn::AdamW optimizer(params, 3e-3, 0.9, 0.99, 1e-8, 0.01);
 
     const auto block = [&](int64_t i) -> const nn::TransformerBlock& {
@@ -105,18 +117,28 @@ int main(int argc, char** argv) {
            return block(0).forward(add(tok.forward(tokens), pos.forward(positions(mesh, tokens.shape()[1]))));
          }},
         {stage_meshes[1], [&](const DTensor& x) { return head.forward(norm.forward(block(1).forward(x))); }}};
+    if (options.interleaved)
+      stages = {{stage_meshes[0],
+                 [&](const DTensor& tokens) { return add(tok.forward(tokens), pos.forward(positions(mesh, tokens.shape()[1]))); }},
+                {stage_meshes[1], [&](const DTensor& x) { return block(0).forward(x); }},
+                {stage_meshes[0], [&](const DTensor& x) { return block(1).forward(x); }},
+                {stage_meshes[1], [&](const DTensor& x) { return head.forward(norm.forward(x)); }}};
     mpmd::PipelineOptions pipeline_options;
-    pipeline_options.schedule = options.gpipe ? mpmd::Schedule::gpipe : mpmd::Schedule::one_f_one_b;
+    pipeline_options.schedule = options.interleaved ? mpmd::Schedule::interleaved_one_f_one_b
+                                : options.gpipe     ? mpmd::Schedule::gpipe
+                                                    : mpmd::Schedule::one_f_one_b;
     pipeline_options.microbatches = options.microbatches;
     mpmd::Pipeline pipeline(stages, next_token_loss, pipeline_options);
 
     if (speaker) {
       std::cout << "Pipeline-parallel training of a " << config.layers << "-layer transformer LM on "
-                << mm.global().to_string() << " (" << (options.gpipe ? "GPipe" : "1F1B") << ", "
+                << mm.global().to_string() << " ("
+                << (options.interleaved ? "interleaved 1F1B" : options.gpipe ? "GPipe" : "1F1B") << ", "
                 << options.microbatches << " microbatches of a batch of " << kRows << ")\n";
-      for (size_t s = 0; s < kStagePaths.size(); ++s) {
-        std::cout << "  stage " << s << " on " << stage_meshes[s].to_string() << ":";
-        for (const std::string& p : kStagePaths[s]) std::cout << ' ' << p;
+      const auto& paths = options.interleaved ? kChunkPaths : kStagePaths;
+      for (size_t s = 0; s < paths.size(); ++s) {
+        std::cout << "  stage " << s << " on " << stage_meshes[s % 2].to_string() << ":";
+        for (const std::string& p : paths[s]) std::cout << ' ' << p;
         std::cout << "\n";
       }
       std::cout << "  inside each stage: tp splits heads, MLP hidden and vocabulary; dp splits the batch, "

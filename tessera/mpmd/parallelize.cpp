@@ -373,6 +373,8 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, 
     TESSERA_CHECK(mesh.is_member(), ShardingError, "parallelize", "this rank is not on ", mesh.to_string());
     TESSERA_CHECK(options.microbatches >= 1, ValueError, "parallelize", "microbatches must be at least 1, got ",
                   options.microbatches);
+    TESSERA_CHECK(options.schedule != Schedule::interleaved_one_f_one_b, ValueError, "parallelize",
+                  "interleaved 1F1B is not among the schedules parallelize prices (gpipe, one_f_one_b)");
     for (int64_t i = 0; i < mesh.size(axis); ++i) result.stage_meshes.push_back(mesh.slice({{options.pipeline_axis, i}}));
     const DeviceMesh& mine = result.stage_meshes[static_cast<size_t>(mesh.coordinate()[static_cast<size_t>(axis)])];
     TESSERA_CHECK(model.mesh().spec() == mine.spec(), ShardingError, "parallelize", "with pipeline axis '",

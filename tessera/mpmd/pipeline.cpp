@@ -23,10 +23,12 @@ namespace tessera::mpmd {
 
 namespace {
 
-// Microbatch i's messages: header length, header (the activation's layout and the input's pieces
-// along the batch dim), activation, gradient.
+// Microbatch i's messages across the boundary after stage b: header length, header (the
+// activation's layout and the input's pieces along the batch dim), activation, gradient.
 constexpr int kTagBase = 1 << 20;
-int tag(int64_t microbatch, int kind) { return kTagBase + static_cast<int>(4 * microbatch) + kind; }
+int tag(int64_t boundary, int64_t microbatches, int64_t microbatch, int kind) {
+  return kTagBase + static_cast<int>(4 * (boundary * microbatches + microbatch)) + kind;
+}
 enum Kind { kHeaderLength = 0, kHeader = 1, kActivation = 2, kGradient = 3 };
 
 using Clock = std::chrono::steady_clock;
@@ -92,28 +94,76 @@ std::vector<std::pair<bool, int64_t>> schedule_actions(Schedule schedule, int64_
   return actions;
 }
 
+std::vector<PipelineAction> pipeline_actions(Schedule schedule, int64_t p, int64_t groups, int64_t chunks, int64_t n) {
+  std::vector<PipelineAction> actions;
+  if (schedule != Schedule::interleaved_one_f_one_b) {
+    for (const auto& [forward, i] : schedule_actions(schedule, p, groups, n)) actions.push_back({forward, p, i});
+    return actions;
+  }
+  // Megatron-LM's order: virtual microbatch k runs chunk (k mod P v) / P (backwards: the chunks
+  // in reverse) on microbatch (k / P v) P + k mod P; the warm-up fills the pipeline of P v stages.
+  const int64_t total = n * chunks, round = groups * chunks;
+  const auto action = [&](int64_t k, bool forward) {
+    int64_t chunk = (k % round) / groups;
+    if (!forward) chunk = chunks - 1 - chunk;
+    return PipelineAction{forward, chunk * groups + p, (k / round) * groups + k % groups};
+  };
+  const int64_t warmup = std::min((groups - p - 1) * 2 + (chunks - 1) * groups, total);
+  for (int64_t k = 0; k < warmup; ++k) actions.push_back(action(k, true));
+  for (int64_t k = 0; k < total - warmup; ++k) {
+    actions.push_back(action(warmup + k, true));
+    actions.push_back(action(k, false));
+  }
+  for (int64_t k = total - warmup; k < total; ++k) actions.push_back(action(k, false));
+  return actions;
+}
+
 Pipeline::Pipeline(std::vector<Stage> stages, Loss loss, PipelineOptions options)
     : stages_(std::move(stages)), loss_(std::move(loss)), options_(options) {
   TESSERA_CHECK(!stages_.empty(), ShardingError, "Pipeline", "no stages");
   TESSERA_CHECK(options_.microbatches >= 1, ValueError, "Pipeline", "microbatches = ", options_.microbatches,
                 "; need at least 1");
+  const auto count = static_cast<int64_t>(stages_.size());
+  groups_ = count;
+  if (options_.schedule == Schedule::interleaved_one_f_one_b) {
+    // The stages cycle over the meshes up to the first that repeats stage 0's.
+    for (int64_t c = 1; c < count && groups_ == count; ++c)
+      if (stages_[static_cast<size_t>(c)].mesh.spec() == stages_[0].mesh.spec()) groups_ = c;
+    TESSERA_CHECK(groups_ >= 2 && count % groups_ == 0, ShardingError, "Pipeline",
+                  "interleaved 1F1B needs the stages to cycle over P >= 2 meshes (stage c on stage c mod P's); "
+                  "stage 0's mesh ", stages_[0].mesh.to_string(), " recurs after ", groups_, " of ", count, " stages");
+    for (int64_t c = groups_; c < count; ++c)
+      TESSERA_CHECK(stages_[static_cast<size_t>(c)].mesh.spec() == stages_[static_cast<size_t>(c % groups_)].mesh.spec(),
+                    ShardingError, "Pipeline", "interleaved 1F1B: stage ", c, "'s mesh ",
+                    stages_[static_cast<size_t>(c)].mesh.to_string(), " is not stage ", c % groups_, "'s ",
+                    stages_[static_cast<size_t>(c % groups_)].mesh.to_string(), " (the stages cycle over ", groups_,
+                    " meshes)");
+    TESSERA_CHECK(options_.microbatches % groups_ == 0, ValueError, "Pipeline", "interleaved 1F1B over ", groups_,
+                  " meshes needs microbatches a multiple of ", groups_, ", got ", options_.microbatches);
+  }
   std::set<int> seen;
-  for (size_t s = 0; s < stages_.size(); ++s) {
-    const MeshSpec& spec = stages_[s].mesh.spec();
-    for (int r : spec.ranks())
+  for (int64_t s = 0; s < count; ++s) {
+    const Stage& stage = stages_[static_cast<size_t>(s)];
+    TESSERA_CHECK(static_cast<bool>(stage.forward), ShardingError, "Pipeline", "stage ", s, " has no forward");
+    if (stage.mesh.is_member()) mine_.push_back(s);
+    if (s >= groups_) continue;  // an interleaved stage on a mesh already checked
+    for (int r : stage.mesh.spec().ranks())
       TESSERA_CHECK(seen.insert(r).second, ShardingError, "Pipeline", "world rank ", r, " is in two stages (stage ",
-                    s, "'s mesh ", spec.to_string(), ")");
-    TESSERA_CHECK(static_cast<bool>(stages_[s].forward), ShardingError, "Pipeline", "stage ", s, " has no forward");
-    if (stages_[s].mesh.is_member()) me_ = static_cast<int64_t>(s);
+                    s, "'s mesh ", stage.mesh.spec().to_string(), ")");
   }
 }
 
 std::string Pipeline::describe() const {
   std::ostringstream out;
-  const int64_t n = options_.microbatches, count = stages();
-  for (int64_t s = 0; s < count; ++s) {
-    out << "stage " << s << ":";
-    for (const auto& [forward, i] : schedule_actions(options_.schedule, s, count, n)) out << ' ' << (forward ? 'F' : 'B') << i;
+  const int64_t n = options_.microbatches, chunks = stages() / groups_;
+  for (int64_t p = 0; p < groups_; ++p) {
+    out << "stage " << p;
+    for (int64_t c = 1; c < chunks; ++c) out << (c == 1 ? " (and " : ", ") << p + c * groups_ << (c + 1 == chunks ? ")" : "");
+    out << ":";
+    for (const PipelineAction& a : pipeline_actions(options_.schedule, p, groups_, chunks, n)) {
+      out << ' ' << (a.forward ? 'F' : 'B') << a.microbatch;
+      if (chunks > 1) out << '@' << a.stage;
+    }
     out << '\n';
   }
   return out.str();
@@ -122,34 +172,33 @@ std::string Pipeline::describe() const {
 double Pipeline::step(const DTensor& input, const DTensor& target) {
   const auto start = Clock::now();
   stats_ = PipelineStats{};
-  const int64_t count = stages(), n = options_.microbatches;
-  stats_.ideal_bubble = static_cast<double>(count - 1) / static_cast<double>(n + count - 1);
+  const int64_t count = stages(), n = options_.microbatches, chunks = count / groups_;
+  stats_.ideal_bubble = static_cast<double>(groups_ - 1) / static_cast<double>(n * chunks + groups_ - 1);
   Communicator& comm = world();
   double loss_value = 0;
-  if (me_ >= 0) {
-    const Stage& stage = stages_[static_cast<size_t>(me_)];
-    const DeviceMesh& mesh = stage.mesh;
+  if (!mine_.empty()) {
+    // This rank's stages all run on one mesh (interleaved: stages p, p + P, ...).
+    const DeviceMesh& mesh = stages_[static_cast<size_t>(mine_.front())].mesh;
     const MeshSpec& spec = mesh.spec();
     const auto index = static_cast<size_t>(std::find(spec.ranks().begin(), spec.ranks().end(), rank()) - spec.ranks().begin());
     const std::vector<int64_t> coordinate = mesh.coordinate();
-    const bool first = me_ == 0, last = me_ + 1 == count;
-    const MeshSpec* previous = first ? nullptr : &stages_[static_cast<size_t>(me_ - 1)].mesh.spec();
-    const MeshSpec* next = last ? nullptr : &stages_[static_cast<size_t>(me_ + 1)].mesh.spec();
+    const bool has_first = mine_.front() == 0, has_last = mine_.back() + 1 == count;
+    const auto mesh_of = [&](int64_t c) -> const MeshSpec& { return stages_[static_cast<size_t>(c)].mesh.spec(); };
     std::vector<DTensor> inputs, targets;
-    if (first) {
+    if (has_first) {
       TESSERA_CHECK(input.defined() && input.layout().mesh() == spec, ShardingError, "Pipeline::step", "the input ",
                     input.defined() ? input.layout().to_string() : "(undefined)", " is not on stage 0's mesh ",
                     spec.to_string());
       inputs = split_microbatches(input, options_.batch_dim, n);
     }
-    if (last)
+    if (has_last)
       TESSERA_CHECK(target.defined() && target.layout().mesh() == spec, ShardingError, "Pipeline::step",
                     "the target ", target.defined() ? target.layout().to_string() : "(undefined)",
                     " is not on the last stage's mesh ", spec.to_string());
     // The input's pieces along the batch dim decide which rows each microbatch holds; they
     // travel in every header, so the last stage picks the same rows of the target.
     std::vector<int64_t> input_pieces;
-    if (first) input_pieces = input.layout().piece_sizes(options_.batch_dim);
+    if (has_first) input_pieces = input.layout().piece_sizes(options_.batch_dim);
     const auto target_of = [&](int64_t i) {
       if (targets.empty()) {
         if (target.layout().piece_sizes(options_.batch_dim) == input_pieces) {
@@ -168,8 +217,14 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
     // The parameters' gradients owed over a stage's data-parallel ranks are reduced once, after
     // the last microbatch's backward.
     std::optional<NoSync> once(std::in_place);
-    std::vector<DTensor> received(static_cast<size_t>(n)), produced(static_cast<size_t>(n));
-    std::vector<Layout> source_layouts(static_cast<size_t>(n));  // each activation's layout on the stage before
+    // Per stage (of this rank's) and microbatch: the activation received, the output produced,
+    // and the received activation's layout on the stage before.
+    const auto per_stage = [&](auto value) {
+      return std::vector<std::vector<decltype(value)>>(static_cast<size_t>(count),
+                                                       std::vector<decltype(value)>(static_cast<size_t>(n)));
+    };
+    auto received = per_stage(DTensor()), produced = per_stage(DTensor());
+    auto source_layouts = per_stage(Layout());
     DTensor loss_total;
     Outbox outbox;
     const auto wait = [&](const Work& w) {
@@ -204,43 +259,45 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       for (const auto& [piece, box] : pieces) piece_of_block(local, to, coordinate, box).copy_(piece);
       return local;
     };
-    const auto forward = [&](int64_t i) {
+    const auto forward = [&](int64_t c, int64_t i) {
       DTensor x;
-      if (first) {
+      if (c == 0) {
         x = inputs[static_cast<size_t>(i)];
       } else {
         // The header (the activation's layout on the previous stage) first, from the rank of the
         // previous stage that serves this one; then the pieces of this rank's block.
-        const int from_rank = previous->ranks()[index % previous->ranks().size()];
+        const MeshSpec& previous = mesh_of(c - 1);
+        const int from_rank = previous.ranks()[index % previous.ranks().size()];
         int64_t length = 0;
-        wait(comm.irecv(&length, 1, DType::i64, from_rank, tag(i, kHeaderLength)));
+        wait(comm.irecv(&length, 1, DType::i64, from_rank, tag(c - 1, n, i, kHeaderLength)));
         std::vector<int64_t> words(static_cast<size_t>(length));
-        wait(comm.irecv(words.data(), length, DType::i64, from_rank, tag(i, kHeader)));
+        wait(comm.irecv(words.data(), length, DType::i64, from_rank, tag(c - 1, n, i, kHeader)));
         stats_.bytes_received += (1 + length) * 8;
         // [layout length, layout words, the input's batch pieces]
         const auto layout_end = words.begin() + 1 + words.front();
-        const Layout from = detail::decode_layout(std::vector<int64_t>(words.begin() + 1, layout_end), *previous);
+        const Layout from = detail::decode_layout(std::vector<int64_t>(words.begin() + 1, layout_end), previous);
         input_pieces.assign(layout_end, words.end());
         const Layout to = arriving_layout(from, spec);
-        x = DTensor(receive_pieces(from, to, tag(i, kActivation)), mesh, to);
-        source_layouts[static_cast<size_t>(i)] = from;
+        x = DTensor(receive_pieces(from, to, tag(c - 1, n, i, kActivation)), mesh, to);
+        source_layouts[static_cast<size_t>(c)][static_cast<size_t>(i)] = from;
         if (is_floating(x.dtype())) x.requires_grad_();
       }
-      received[static_cast<size_t>(i)] = x;
-      DTensor y = stage.forward(x);
-      if (last) {
+      received[static_cast<size_t>(c)][static_cast<size_t>(i)] = x;
+      DTensor y = stages_[static_cast<size_t>(c)].forward(x);
+      if (c + 1 == count) {
         const DTensor t = target_of(i);
         const int64_t rows = target.shape()[options_.batch_dim];
         const double share = rows > 0 ? static_cast<double>(t.shape()[options_.batch_dim]) / static_cast<double>(rows) : 1.0;
         // An empty microbatch (fewer rows than microbatches) adds nothing, but still runs its
         // backward so the stages before it exchange its (zero) gradients.
         const DTensor loss = share > 0 ? loss_(y, t) * Scalar(share) : sum(y) * Scalar(0.0);
-        produced[static_cast<size_t>(i)] = loss;
+        produced[static_cast<size_t>(c)][static_cast<size_t>(i)] = loss;
         loss_total = loss_total.defined() ? loss_total + loss.detach() : loss.detach();
         return;
       }
       // A Partial activation is reduced on this stage first: blocks of values cross the boundary.
       y = y.redistribute(mesh, gradient_layout(y.layout()));  // no-op without a Partial
+      const MeshSpec& next = mesh_of(c + 1);
       const std::vector<int64_t> layout_words = detail::encode_layout(y.layout());
       auto header = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(layout_words.size()));
       header->insert(header->end(), layout_words.begin(), layout_words.end());
@@ -248,44 +305,44 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(header->size()));
       outbox.headers.push_back(length);
       outbox.headers.push_back(header);
-      for (size_t j = index; j < next->ranks().size(); j += spec.ranks().size()) {
-        const int to_rank = next->ranks()[j];
-        outbox.works.push_back(comm.isend(length->data(), 1, DType::i64, to_rank, tag(i, kHeaderLength)));
+      for (size_t j = index; j < next.ranks().size(); j += spec.ranks().size()) {
+        const int to_rank = next.ranks()[j];
+        outbox.works.push_back(comm.isend(length->data(), 1, DType::i64, to_rank, tag(c, n, i, kHeaderLength)));
         outbox.works.push_back(comm.isend(header->data(), static_cast<int64_t>(header->size()), DType::i64, to_rank,
-                                          tag(i, kHeader)));
+                                          tag(c, n, i, kHeader)));
         stats_.bytes_sent += static_cast<int64_t>(1 + header->size()) * 8;
       }
-      send_pieces(y.to_local(), y.layout(), arriving_layout(y.layout(), *next), tag(i, kActivation));
-      produced[static_cast<size_t>(i)] = y;
+      send_pieces(y.to_local(), y.layout(), arriving_layout(y.layout(), next), tag(c, n, i, kActivation));
+      produced[static_cast<size_t>(c)][static_cast<size_t>(i)] = y;
     };
-    const auto backward = [&](int64_t i) {
-      DTensor& y = produced[static_cast<size_t>(i)];
-      if (last) {
+    const auto backward = [&](int64_t c, int64_t i) {
+      DTensor& y = produced[static_cast<size_t>(c)][static_cast<size_t>(i)];
+      if (c + 1 == count) {
         y.backward();
       } else {
         // The gradient comes back the way the activation went, block pieces in reverse.
-        const Layout there = arriving_layout(y.layout(), *next);
-        y.backward(DTensor(receive_pieces(there, y.layout(), tag(i, kGradient)), mesh, y.layout()));
+        const Layout there = arriving_layout(y.layout(), mesh_of(c + 1));
+        y.backward(DTensor(receive_pieces(there, y.layout(), tag(c, n, i, kGradient)), mesh, y.layout()));
       }
-      if (!first) {
-        const DTensor& x = received[static_cast<size_t>(i)];
+      DTensor& x = received[static_cast<size_t>(c)][static_cast<size_t>(i)];
+      if (c > 0) {
         DTensor g = x.grad();
         if (g.defined() && g.layout().has_partial()) g = g.redistribute(mesh, gradient_layout(x.layout()));  // values cross
         send_pieces(g.defined() ? g.to_local() : zeros(x.to_local().shape(), x.dtype()), x.layout(),
-                    source_layouts[static_cast<size_t>(i)], tag(i, kGradient));
+                    source_layouts[static_cast<size_t>(c)][static_cast<size_t>(i)], tag(c - 1, n, i, kGradient));
       }
       y = DTensor();
-      received[static_cast<size_t>(i)] = DTensor();
+      x = DTensor();
     };
-    for (const auto& [is_forward, i] : schedule_actions(options_.schedule, me_, count, n)) {
-      if (is_forward)
-        forward(i);
+    for (const PipelineAction& a : pipeline_actions(options_.schedule, mine_.front(), groups_, chunks, n)) {
+      if (a.forward)
+        forward(a.stage, a.microbatch);
       else
-        backward(i);
+        backward(a.stage, a.microbatch);
     }
     once.reset();  // the deferred gradient reductions
     outbox.wait();
-    if (last) loss_value = loss_total.full_tensor().item<double>();
+    if (has_last) loss_value = loss_total.full_tensor().item<double>();
   }
   // Every rank learns the loss from the last stage's first rank.
   comm.broadcast(&loss_value, 1, DType::f64, stages_.back().mesh.spec().ranks().front());

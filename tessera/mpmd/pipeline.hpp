@@ -20,6 +20,18 @@ namespace mpmd {
 enum class Schedule : uint8_t {
   gpipe,        ///< every F, then every B: simple, holds n microbatches' activations
   one_f_one_b,  ///< after S - 1 - s warm-up Fs, stage s alternates F and B: holds at most S - s
+  /// Megatron-LM's interleaved 1F1B: the stages cycle over P meshes (stage c on stage c mod P's),
+  /// so each rank runs v = S / P model chunks; its ideal bubble is (P - 1) / (v n + P - 1)
+  /// instead of (P - 1) / (n + P - 1). Needs microbatches a multiple of P and P >= 2.
+  interleaved_one_f_one_b,
+};
+
+/// One action of a rank's schedule: the forward or backward of a microbatch through a stage.
+struct PipelineAction {
+  bool forward;
+  int64_t stage;
+  int64_t microbatch;
+  friend bool operator==(const PipelineAction&, const PipelineAction&) = default;
 };
 
 /// One stage: the submesh it runs on and its forward (its parameters live on that mesh).
@@ -47,11 +59,13 @@ struct PipelineStats {
 };
 
 /// A model split into stages on disjoint submeshes (every world rank in at most one stage; the
-/// meshes may differ in shape and size), with a loss on the last stage's output. An activation
+/// meshes may differ in shape and size; interleaved: the stages cycle over P disjoint meshes),
+/// with a loss on the last stage's output. An activation
 /// arrives in its layout where the meshes have one shape, otherwise with each mesh dim placed as
 /// the source's mesh dim of the same name (else Replicate); a Partial is reduced before it
 /// leaves. Constructed and stepped by every rank of the world. Throws ShardingError for no
-/// stages or stages sharing a rank, ValueError for fewer than 1 microbatch.
+/// stages or stages sharing a rank (interleaved: stages not cycling over P >= 2 disjoint meshes),
+/// ValueError for fewer than 1 microbatch (interleaved: not a multiple of P).
 class Pipeline {
  public:
   using Loss = std::function<DTensor(const DTensor& output, const DTensor& target)>;
@@ -69,21 +83,30 @@ class Pipeline {
 
   const PipelineStats& stats() const { return stats_; }
   int64_t stages() const { return static_cast<int64_t>(stages_.size()); }
-  /// This rank's stage, or -1.
-  int64_t my_stage() const { return me_; }
-  /// "stage 1: F0 F1 B0 F2 B1 ..." for every stage: the schedule as run.
+  /// This rank's (first) stage, or -1.
+  int64_t my_stage() const { return mine_.empty() ? -1 : mine_.front(); }
+  /// This rank's stages: one, none, or (interleaved) v of them.
+  const std::vector<int64_t>& my_stages() const { return mine_; }
+  /// The meshes the stages cycle over (P; the stage count without interleaving).
+  int64_t groups() const { return groups_; }
+  /// "stage 1: F0 F1 B0 F2 B1 ..." for every stage (interleaved, per mesh: "F0@2" is microbatch
+  /// 0's forward through stage 2): the schedule as run.
   std::string describe() const;
 
  private:
   std::vector<Stage> stages_;
   Loss loss_;
   PipelineOptions options_;
-  int64_t me_ = -1;
+  int64_t groups_ = 0;
+  std::vector<int64_t> mine_;
   PipelineStats stats_;
 };
 
-/// The actions of stage s of S over n microbatches: (forward?, microbatch) in order.
+/// The actions of stage s of S over n microbatches: (forward?, microbatch) in order (GPipe, 1F1B).
 std::vector<std::pair<bool, int64_t>> schedule_actions(Schedule schedule, int64_t s, int64_t stages, int64_t n);
+/// The actions of the ranks of mesh p of P, each running v stages (p, p + P, ...), over n
+/// microbatches, in order. For GPipe and 1F1B v is 1 and this is schedule_actions's order.
+std::vector<PipelineAction> pipeline_actions(Schedule schedule, int64_t p, int64_t groups, int64_t chunks, int64_t n);
 
 }  // namespace mpmd
 }  // namespace tessera

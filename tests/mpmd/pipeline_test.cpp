@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <numeric>
+#include <set>
+#include <tuple>
 
 #include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/dtensor/ops.hpp>
@@ -106,19 +108,22 @@ void expect_equal_to_unsplit(const std::vector<DeviceMesh>& meshes, const std::v
   const DTensor t = distribute_tensor(target, meshes.back(), batch_split(meshes.back()));
   const double loss = pipeline.step(x, t);
   EXPECT_NEAR(loss, expected.loss, 1e-12 * std::abs(expected.loss)) << what;
-  const int64_t s = pipeline.my_stage();
-  if (s < 0) return;  // a rank in no stage
-  const StageParams& mine = params[static_cast<size_t>(s)];
-  for (size_t i = 0; i < mine.layers.size(); ++i) {
-    const auto k = static_cast<size_t>(mine.layers[i]);
-    EXPECT_TRUE(allclose(mine.weights[i].grad().full_tensor(), expected.weight_grads[k], 1e-12, 1e-13))
-        << what << ": layer " << k << " weight gradient";
-    EXPECT_TRUE(allclose(mine.biases[i].grad().full_tensor(), expected.bias_grads[k], 1e-12, 1e-13))
-        << what << ": layer " << k << " bias gradient";
+  if (pipeline.my_stages().empty()) return;  // a rank in no stage
+  for (int64_t s : pipeline.my_stages()) {
+    const StageParams& mine = params[static_cast<size_t>(s)];
+    for (size_t i = 0; i < mine.layers.size(); ++i) {
+      const auto k = static_cast<size_t>(mine.layers[i]);
+      EXPECT_TRUE(allclose(mine.weights[i].grad().full_tensor(), expected.weight_grads[k], 1e-12, 1e-13))
+          << what << ": layer " << k << " weight gradient";
+      EXPECT_TRUE(allclose(mine.biases[i].grad().full_tensor(), expected.bias_grads[k], 1e-12, 1e-13))
+          << what << ": layer " << k << " bias gradient";
+    }
   }
   EXPECT_GT(pipeline.stats().bytes_sent + pipeline.stats().bytes_received, 0) << what;
+  // (P - 1) / (v n + P - 1) over P meshes running v stages each.
+  const auto groups = static_cast<double>(pipeline.groups()), chunks = static_cast<double>(pp) / groups;
   EXPECT_NEAR(pipeline.stats().ideal_bubble,
-              static_cast<double>(pp - 1) / static_cast<double>(microbatches + static_cast<int64_t>(pp) - 1), 1e-15);
+              (groups - 1) / (chunks * static_cast<double>(microbatches) + groups - 1), 1e-15);
 }
 
 // Every pp x dp factorisation of the world with pp >= 2, uneven layer splits.
@@ -179,6 +184,62 @@ TEST(Pipeline, ScheduleShapes) {
       }
   const auto gpipe = schedule_actions(Schedule::gpipe, 0, 3, 3);
   EXPECT_TRUE(gpipe[0].first && gpipe[2].first && !gpipe[3].first);
+}
+
+// Interleaved 1F1B: four one-layer stages cycling over two meshes (each rank runs two), and
+// over four meshes of one rank where the world allows, equal the unsplit step.
+TEST(Pipeline, InterleavedOneFOneBEqualsTheUnsplitStep) {
+  for_each_world({4}, [] {
+    const int n = world_size();
+    if (n % 2) return;
+    const MultiMesh mm({2, n / 2}, {"pp", "dp"});
+    const std::vector<DeviceMesh> two = mm.split("pp");
+    for (int64_t microbatches : {2, 4, 6})
+      expect_equal_to_unsplit({two[0], two[1], two[0], two[1]}, {1, 1, 1, 1}, Schedule::interleaved_one_f_one_b,
+                              microbatches, "interleaved over 2 meshes, " + std::to_string(microbatches) + " microbatches");
+    // Uneven stages, one of them empty (it passes its input on), on single-rank meshes.
+    if (n >= 4) {
+      const DeviceMesh r0({1}, {"dp"}, {0}), r1({1}, {"dp"}, {1});
+      expect_equal_to_unsplit({r0, r1, r0, r1}, {2, 1, 0, 1}, Schedule::interleaved_one_f_one_b, 4,
+                              "interleaved, single ranks, an empty stage");
+    }
+  });
+}
+
+// Megatron's interleaved order: every (stage, microbatch) forward and backward once, the forward
+// first, each rank running only its stages, and the schedule free of deadlock when replayed
+// against the dependencies (F(s, i) after F(s - 1, i); B(s, i) after B(s + 1, i) and F(s, i)).
+TEST(Pipeline, InterleavedScheduleShape) {
+  for (int64_t groups : {2, 3, 4})
+    for (int64_t chunks : {1, 2, 3})
+      for (int64_t rounds : {1, 2, 3}) {
+        const int64_t n = groups * rounds, stages = groups * chunks;
+        std::vector<std::vector<PipelineAction>> plans;
+        for (int64_t p = 0; p < groups; ++p)
+          plans.push_back(pipeline_actions(Schedule::interleaved_one_f_one_b, p, groups, chunks, n));
+        std::set<std::tuple<bool, int64_t, int64_t>> done;
+        std::vector<size_t> next(static_cast<size_t>(groups), 0);
+        const auto ready = [&](const PipelineAction& a) {
+          if (a.forward) return a.stage == 0 || done.count({true, a.stage - 1, a.microbatch}) > 0;
+          return done.count({true, a.stage, a.microbatch}) > 0 &&
+                 (a.stage + 1 == stages || done.count({false, a.stage + 1, a.microbatch}) > 0);
+        };
+        // Replay: any rank whose next action is ready runs it; stuck means a deadlock.
+        for (bool progress = true; progress;) {
+          progress = false;
+          for (int64_t p = 0; p < groups; ++p) {
+            auto& i = next[static_cast<size_t>(p)];
+            while (i < plans[static_cast<size_t>(p)].size() && ready(plans[static_cast<size_t>(p)][i])) {
+              const PipelineAction& a = plans[static_cast<size_t>(p)][i++];
+              EXPECT_EQ(a.stage % groups, p);
+              EXPECT_TRUE(done.insert({a.forward, a.stage, a.microbatch}).second);
+              progress = true;
+            }
+          }
+        }
+        EXPECT_EQ(static_cast<int64_t>(done.size()), 2 * n * stages)
+            << "deadlock: P " << groups << ", v " << chunks << ", n " << n;
+      }
 }
 
 // microbatch: the step's gradients and loss equal the unsplit step's on a dp-sharded batch.
@@ -260,6 +321,14 @@ TEST(Pipeline, ErrorsNameTheStages) {
     EXPECT_TRUE(sharding_error([&] { Pipeline({}, loss); }, {"[Pipeline]", "no stages"}));
     EXPECT_TRUE(throws_with<ValueError>([&] { Pipeline({{a, id}}, loss, {Schedule::gpipe, 0, 0}); },
                                         {"[Pipeline]", "microbatches = 0"}));
+    const DeviceMesh b({2}, {"dp"}, {2, 3});
+    const PipelineOptions interleaved{Schedule::interleaved_one_f_one_b, 4, 0};
+    EXPECT_TRUE(sharding_error([&] { Pipeline({{a, id}, {b, id}, {a, id}, {a, id}}, loss, interleaved); },
+                               {"[Pipeline]", "stage 3's mesh", "is not stage 1's"}));
+    EXPECT_TRUE(sharding_error([&] { Pipeline({{a, id}, {a, id}}, loss, interleaved); },
+                               {"[Pipeline]", "cycle over P >= 2 meshes"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { Pipeline({{a, id}, {b, id}, {a, id}, {b, id}}, loss, {Schedule::interleaved_one_f_one_b, 3, 0}); },
+                                        {"[Pipeline]", "multiple of 2"}));
   });
 }
 
