@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     for (const mpmd::PlanEstimate& e : plan.candidates) {
       manual_seed(1);
       nn::TransformerLM model(model_mesh, c);
-      if (!e.tp_axis.empty()) nn::parallelize_module(model, e.tp_axis, nn::transformer_tp_plan());
+      if (!e.tp_axis.empty()) nn::parallelize_module(model, e.tp_axis, nn::transformer_tp_plan(e.sequence_parallel));
       if (e.fsdp) nn::fully_shard(model, e.dp_axes.front());
       mpmd::ParallelPlan as_chosen = plan;
       as_chosen.chosen = e;

@@ -6,6 +6,9 @@
 #include <limits>
 #include <map>
 #include <sstream>
+#include <thread>
+
+#include <unistd.h>
 
 #include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
@@ -30,19 +33,19 @@ std::string parent_of(const std::string& path) {
   return dot == std::string::npos ? std::string() : path.substr(0, dot);
 }
 
-// One unsharded step's time on this mesh (every rank computes the whole step, as contended as
-// the sharded run will be): the median of three, the slowest rank's.
-double measure_unsharded_step_us(nn::TransformerLM& model, const ParallelizeOptions& options) {
+// One unsharded step's time on this mesh at [rows, seq] (every rank computes the whole step, as
+// contended as the sharded run will be): the median of three, the slowest rank's.
+double measure_unsharded_step_us(nn::TransformerLM& model, int64_t rows, const ParallelizeOptions& options) {
   const auto& c = model.config();
-  std::vector<int64_t> ids(static_cast<size_t>(options.batch * options.seq)), next(ids.size());
+  std::vector<int64_t> ids(static_cast<size_t>(rows * options.seq)), next(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
     ids[i] = static_cast<int64_t>((i * 7 + 3) % static_cast<size_t>(c.vocab));
     next[i] = static_cast<int64_t>((i * 7 + 10) % static_cast<size_t>(c.vocab));
   }
   const DeviceMesh& mesh = model.mesh();
   const Placements whole(static_cast<size_t>(mesh.ndim()), Replicate{});
-  const DTensor tokens = distribute_tensor(from_vector(ids, Shape{options.batch, options.seq}), mesh, whole);
-  const DTensor targets = distribute_tensor(from_vector(next, Shape{options.batch, options.seq}), mesh, whole);
+  const DTensor tokens = distribute_tensor(from_vector(ids, Shape{rows, options.seq}), mesh, whole);
+  const DTensor targets = distribute_tensor(from_vector(next, Shape{rows, options.seq}), mesh, whole);
   std::vector<double> times;
   for (int i = 0; i < 4; ++i) {
     const auto start = std::chrono::steady_clock::now();
@@ -55,6 +58,26 @@ double measure_unsharded_step_us(nn::TransformerLM& model, const ParallelizeOpti
   double median = times[1];
   if (const auto comm = mesh.mesh_comm_ptr()) comm->all_reduce(&median, 1, DType::f64, ReduceOp::max);
   return median;
+}
+
+// How many ranks of `mesh` share each core of the most crowded host (at least 1): in-process
+// ranks all share this machine; MPI ranks count those on this host by name.
+double ranks_per_core(const DeviceMesh& mesh) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  const auto comm = mesh.mesh_comm_ptr();
+  if (cores == 0 || !comm) return 1;
+  int64_t local = world_size();
+  if (world().backend() != "threads") {
+    char name[256] = {};
+    gethostname(name, sizeof name - 1);
+    const int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(name) >> 1);
+    std::vector<int64_t> all(static_cast<size_t>(mesh.size()));
+    comm->all_gather(&mine, all.data(), 1, DType::i64);
+    local = std::count(all.begin(), all.end(), mine);
+  }
+  double sharing = std::max(1.0, static_cast<double>(local) / static_cast<double>(cores));
+  comm->all_reduce(&sharing, 1, DType::f64, ReduceOp::max);
+  return sharing;
 }
 
 // One collective call's latency on this mesh as it runs now (in-process ranks sharing cores wait
@@ -73,17 +96,19 @@ double measure_call_us(const DeviceMesh& mesh) {
   return us;
 }
 
-// The candidates on a mesh of one or two axes.
+// The candidates on a mesh of one or two axes: every tensor parallel plan with and without
+// sequence parallelism.
 std::vector<PlanEstimate> candidates_of(const MeshSpec& spec) {
   const auto& axes = spec.names();
   std::vector<PlanEstimate> out;
-  const auto add = [&](std::string tp, std::vector<std::string> dp, bool fsdp) {
+  const auto add = [&](std::string tp, std::vector<std::string> dp, bool fsdp, bool sp) {
     PlanEstimate e;
     e.tp_axis = std::move(tp);
+    e.sequence_parallel = sp;
     e.dp_axes = std::move(dp);
     e.fsdp = fsdp;
     std::string name;
-    if (!e.tp_axis.empty()) name = "tp(" + e.tp_axis + ")";
+    if (!e.tp_axis.empty()) name = std::string(sp ? "tp+sp(" : "tp(") + e.tp_axis + ")";
     if (!e.dp_axes.empty()) {
       std::string joined;
       for (const auto& a : e.dp_axes) joined += (joined.empty() ? "" : ",") + a;
@@ -93,15 +118,16 @@ std::vector<PlanEstimate> candidates_of(const MeshSpec& spec) {
     out.push_back(std::move(e));
   };
   if (axes.size() == 1) {
-    add("", {axes[0]}, false);
-    add("", {axes[0]}, true);
-    add(axes[0], {}, false);
+    add("", {axes[0]}, false, false);
+    add("", {axes[0]}, true, false);
+    for (bool sp : {false, true}) add(axes[0], {}, false, sp);
   } else if (axes.size() == 2) {
-    for (int t = 0; t < 2; ++t) {
-      add(axes[static_cast<size_t>(t)], {axes[static_cast<size_t>(1 - t)]}, false);
-      add(axes[static_cast<size_t>(t)], {axes[static_cast<size_t>(1 - t)]}, true);
-    }
-    add("", {axes[0], axes[1]}, false);
+    for (int t = 0; t < 2; ++t)
+      for (bool sp : {false, true}) {
+        add(axes[static_cast<size_t>(t)], {axes[static_cast<size_t>(1 - t)]}, false, sp);
+        add(axes[static_cast<size_t>(t)], {axes[static_cast<size_t>(1 - t)]}, true, sp);
+      }
+    add("", {axes[0], axes[1]}, false, false);
   } else {
     TESSERA_CHECK(false, ShardingError, "parallelize", "meshes of 1 or 2 axes are supported, not ", spec.to_string());
   }
@@ -138,7 +164,9 @@ std::vector<UnitCost> price_units(const PlanEstimate& e, nn::TransformerLM& mode
     placements[static_cast<size_t>(m)] = p;
     return placements;
   };
-  const std::map<std::string, nn::ParallelStyle> tp_plan = nn::transformer_tp_plan();
+  const std::map<std::string, nn::ParallelStyle> tp_plan = nn::transformer_tp_plan(e.sequence_parallel);
+  const bool sp = tp >= 0 && e.sequence_parallel;
+  const int64_t tp_ways = tp >= 0 ? spec.size(tp) : 1;
   const Placements replicate(static_cast<size_t>(spec.ndim()), Replicate{});
   const std::vector<int64_t> origin(static_cast<size_t>(spec.ndim()), 0);
   const int64_t tokens = rows * seq;
@@ -149,6 +177,7 @@ std::vector<UnitCost> price_units(const PlanEstimate& e, nn::TransformerLM& mode
     nn::Module& sub = module.empty() ? static_cast<nn::Module&>(model) : model.submodule(module);
     const auto* linear = dynamic_cast<const nn::Linear*>(&sub);
     const auto* embedding = dynamic_cast<const nn::Embedding*>(&sub);
+    const bool norm = dynamic_cast<const nn::RMSNorm*>(&sub) || dynamic_cast<const nn::LayerNorm*>(&sub);
     const nn::ParallelStyle* style = tp >= 0 ? style_of(tp_plan, module) : nullptr;
     const bool colwise = style && std::holds_alternative<nn::ColwiseParallel>(*style);
     const bool rowwise = style && std::holds_alternative<nn::RowwiseParallel>(*style);
@@ -170,35 +199,49 @@ std::vector<UnitCost> price_units(const PlanEstimate& e, nn::TransformerLM& mode
       price(u, storage, compute_layout, microbatches);  // all_gather for the forward
       price(u, Layout(shape, dtype, spec, with(compute, m, Partial{})), storage, microbatches);  // gradient reduce_scatter
       u.gather_bytes = std::max(u.gather_bytes, compute_layout.local_shape(origin).numel() * itemsize(dtype));
-    } else if (!dp.empty()) {
+    } else if (!dp.empty() || (sp && norm)) {
+      // All-reduce of the gradient over the data-parallel axes, and over tp for a norm that sees
+      // only its sequence shard.
       Placements partial = compute;
       for (int64_t m : dp) partial[static_cast<size_t>(m)] = Partial{};
-      price(u, Layout(shape, dtype, spec, partial), compute_layout, 1);  // all_reduce of the gradient
+      if (sp && norm) partial[static_cast<size_t>(tp)] = Partial{};
+      price(u, Layout(shape, dtype, spec, partial), compute_layout, 1);
     }
     // Parameter, gradient and AdamW's two moments, by the stored shard (the largest rank's).
     u.state_bytes += 4 * storage.local_shape(origin).numel() * itemsize(dtype);
+    // A norm saves its input: the whole sequence, or its shard under sequence parallelism.
+    if (norm && name == "weight") u.activation_bytes += tokens / dp_ways * shape[0] / (sp ? tp_ways : 1) * itemsize(dtype);
     if (name != "weight" || !(linear || embedding)) continue;
-    // Tensor parallel activations: a row-parallel output is all-reduced in the forward; the input
-    // of column-parallel siblings (q, k, v share one) has its gradient all-reduced in the backward.
+    // Tensor parallel activations [rows, seq, features]. A row-parallel output is all-reduced in
+    // the forward (sequence parallel: reduce-scattered onto sequence shards, and its gradient
+    // all-gathered in the backward). The input of column-parallel siblings (q, k, v share one)
+    // has its gradient all-reduced in the backward (sequence parallel: the input all-gathered
+    // from its shards in the forward, its gradient reduce-scattered back).
     const auto activation = [&](int64_t features, Placement on_tp) {
       Placements p = replicate;
       for (int64_t m : dp) p[static_cast<size_t>(m)] = Shard{0};
       if (tp >= 0) p[static_cast<size_t>(tp)] = on_tp;
-      return Layout(Shape{tokens, features}, dtype, spec, p);
+      return Layout(Shape{rows, seq, features}, dtype, spec, p);
     };
     const int64_t in = linear ? linear->in_features() : shape[0], out = linear ? linear->out_features() : shape[1];
-    if (rowwise) price(u, activation(out, Partial{}), activation(out, Replicate{}), microbatches);
+    if (rowwise && !sp) price(u, activation(out, Partial{}), activation(out, Replicate{}), microbatches);
+    if (rowwise && sp) {
+      price(u, activation(out, Partial{}), activation(out, Shard{1}), microbatches);
+      price(u, activation(out, Shard{1}), activation(out, Replicate{}), microbatches);
+    }
     if (colwise && linear && std::find(colwise_parents.begin(), colwise_parents.end(), parent_of(module)) ==
                                  colwise_parents.end()) {
       colwise_parents.push_back(parent_of(module));
-      price(u, activation(in, Partial{}), activation(in, Replicate{}), microbatches);
+      if (!sp) price(u, activation(in, Partial{}), activation(in, Replicate{}), microbatches);
+      if (sp) {
+        price(u, activation(in, Shard{1}), activation(in, Replicate{}), microbatches);
+        price(u, activation(in, Partial{}), activation(in, Shard{1}), microbatches);
+      }
     }
     // Saved activations of a linear layer: its input and output on this rank.
-    if (linear) {
-      const int64_t tp_ways = tp >= 0 ? spec.size(tp) : 1;
+    if (linear)
       u.activation_bytes +=
           tokens / dp_ways * (in / (rowwise ? tp_ways : 1) + out / (colwise ? tp_ways : 1)) * itemsize(dtype);
-    }
   }
   return units;
 }
@@ -211,10 +254,10 @@ int64_t ways_of(const PlanEstimate& e, const MeshSpec& spec) {
 }
 
 // Prices a candidate without a pipeline: the whole step on the mesh.
-void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOptions& options, double unsharded_us,
+void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOptions& options, double compute_us,
               const CostModel& cost, int64_t budget) {
   const MeshSpec& spec = model.mesh().spec();
-  e.compute_us = unsharded_us / static_cast<double>(ways_of(e, spec));
+  e.compute_us = compute_us;
   int64_t memory = 0, largest_gather = 0;
   for (const UnitCost& u : price_units(e, model, spec, cost, options.batch, options.seq, 1)) {
     e.comm_us += u.comm_us;
@@ -291,7 +334,8 @@ std::vector<int64_t> choose_boundaries(const PipelinePricing& p, int64_t budget)
 
 // Prices a candidate as the plan inside every stage of a pipeline, choosing its boundaries.
 void estimate_pipeline(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOptions& options,
-                       const std::vector<double>& unit_us, int64_t stages, const CostModel& cost, int64_t budget) {
+                       std::vector<double> unit_compute_us, int64_t stages, double sharing, const CostModel& cost,
+                       int64_t budget) {
   const MeshSpec& spec = model.mesh().spec();
   const int64_t n = options.microbatches, rows = (options.batch + n - 1) / n;
   PipelinePricing p;
@@ -299,7 +343,7 @@ void estimate_pipeline(PlanEstimate& e, nn::TransformerLM& model, const Parallel
   p.microbatches = n;
   p.schedule = options.schedule;
   p.units = price_units(e, model, spec, cost, rows, options.seq, n);
-  for (double us : unit_us) p.compute_us.push_back(us / static_cast<double>(ways_of(e, spec)));
+  p.compute_us = std::move(unit_compute_us);
   int64_t dp_ways = 1;
   for (const auto& a : e.dp_axes) dp_ways *= spec.size(spec.dim_of(a, "parallelize"));
   p.boundary_bytes = (rows + dp_ways - 1) / dp_ways * options.seq * model.config().dim * itemsize(DType::f32);
@@ -328,8 +372,13 @@ void estimate_pipeline(PlanEstimate& e, nn::TransformerLM& model, const Parallel
     layout += detail::unit_label(model, first);
     if (end - first > 1) layout += '-', layout += detail::unit_label(model, end - 1);
   }
-  e.compute_us = compute_total + static_cast<double>(n - 1) * compute_slowest;
-  e.comm_us = total + static_cast<double>(n - 1) * slowest - e.compute_us;
+  // The critical path, unless the ranks sharing a host's cores cannot do their work in that
+  // time: then the host's work over its cores (each stage's ranks alike, `sharing` ranks a core).
+  const double critical = total + static_cast<double>(n - 1) * slowest;
+  const double throughput = sharing * static_cast<double>(n) * compute_total / static_cast<double>(stages);
+  e.compute_us = std::max(compute_total + static_cast<double>(n - 1) * compute_slowest, throughput);
+  e.comm_us = std::max(critical, throughput + (critical - compute_total - static_cast<double>(n - 1) * compute_slowest)) -
+              e.compute_us;
   std::string name = "pp(";
   name += options.pipeline_axis, name += ")[", name += layout, name += "] + ", name += e.name;
   e.name = std::move(name);
@@ -399,20 +448,39 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, 
   }
   result.cost = cost;
   result.candidates = candidates_of(model.mesh().spec());
-  if (pipelined) {
-    const int64_t n = options.microbatches;
-    std::vector<double> unit_us = options.unit_us;
-    if (unit_us.empty()) unit_us = detail::measure_unit_us(model, (options.batch + n - 1) / n, options.seq, mesh);
-    TESSERA_CHECK(static_cast<int64_t>(unit_us.size()) == detail::unit_count(model), ValueError, "parallelize",
-                  "unit_us has ", unit_us.size(), " times; the model has ", detail::unit_count(model),
+  // A rank's compute under a plan splitting the batch (or the features) `ways` ways: the
+  // unsharded step (pipelined: each unit at one microbatch) measured at the rank's share of the
+  // rows, so that the per-op costs that do not shrink with the shard are counted; or a given
+  // time divided by `ways`. One measurement per distinct `ways`.
+  const int64_t rows = pipelined ? (options.batch + options.microbatches - 1) / options.microbatches : options.batch;
+  const auto share = [&](int64_t ways) { return std::max<int64_t>(1, (rows + ways - 1) / ways); };
+  if (pipelined && !options.unit_us.empty())
+    TESSERA_CHECK(static_cast<int64_t>(options.unit_us.size()) == detail::unit_count(model), ValueError, "parallelize",
+                  "unit_us has ", options.unit_us.size(), " times; the model has ", detail::unit_count(model),
                   " units (embeddings, each block, head)");
-    for (PlanEstimate& e : result.candidates)
-      estimate_pipeline(e, model, options, unit_us, static_cast<int64_t>(result.stage_meshes.size()), cost,
+  const double sharing = !pipelined ? 1.0 : options.ranks_per_core > 0 ? options.ranks_per_core : ranks_per_core(mesh);
+  std::map<int64_t, std::vector<double>> measured;  // by ways: the step's, or each unit's
+  const auto compute_of = [&](int64_t ways) -> const std::vector<double>& {
+    auto it = measured.find(ways);
+    if (it != measured.end()) return it->second;
+    std::vector<double> us;
+    if (pipelined && !options.unit_us.empty())
+      for (double u : options.unit_us) us.push_back(u / static_cast<double>(ways));
+    else if (pipelined)
+      us = detail::measure_unit_us(model, share(ways), options.seq, mesh);
+    else if (options.unsharded_step_us > 0)
+      us = {options.unsharded_step_us / static_cast<double>(ways)};
+    else
+      us = {measure_unsharded_step_us(model, share(ways), options)};
+    return measured.emplace(ways, std::move(us)).first->second;
+  };
+  for (PlanEstimate& e : result.candidates) {
+    const std::vector<double>& compute = compute_of(ways_of(e, model.mesh().spec()));
+    if (pipelined)
+      estimate_pipeline(e, model, options, compute, static_cast<int64_t>(result.stage_meshes.size()), sharing, cost,
                         memory_budget_bytes);
-  } else {
-    const double unsharded = options.unsharded_step_us > 0 ? options.unsharded_step_us
-                                                           : measure_unsharded_step_us(model, options);
-    for (PlanEstimate& e : result.candidates) estimate(e, model, options, unsharded, cost, memory_budget_bytes);
+    else
+      estimate(e, model, options, compute.front(), cost, memory_budget_bytes);
   }
   const PlanEstimate* best = nullptr;
   const PlanEstimate* smallest = &result.candidates.front();
@@ -445,7 +513,8 @@ ParallelPlan parallelize(nn::TransformerLM& model, const DeviceMesh& mesh, int64
                     ? ""
                     : (" in " + std::to_string(result.microbatches) + " microbatches").c_str(),
                 result.cost.to_string().c_str(), result.to_string().c_str());
-  if (!result.chosen.tp_axis.empty()) nn::parallelize_module(model, result.chosen.tp_axis, nn::transformer_tp_plan());
+  if (!result.chosen.tp_axis.empty())
+    nn::parallelize_module(model, result.chosen.tp_axis, nn::transformer_tp_plan(result.chosen.sequence_parallel));
   if (result.chosen.fsdp) nn::fully_shard(model, result.chosen.dp_axes.front());
   return result;
 }

@@ -2,26 +2,30 @@
 // multimesh.jax's automatic parallelism: choose a parallel plan for a model on a mesh by the
 // planner's cost model and a memory budget, print it, apply it. The candidates are the plans
 // Tessera can apply to a transformer: data parallel (DDP, gradients all-reduced), fully sharded
-// (FSDP over one axis), tensor parallel (the Megatron plan over one axis), and their 2-d
-// combinations. Each is priced as
+// (FSDP over one axis), tensor parallel (the Megatron plan over one axis, with or without
+// sequence parallelism), and their 2-d combinations; each layer's style is the plan's
+// (transformer_tp_plan), the same for every block. Each is priced as
 //
-//     compute: one unsharded step's measured time on this mesh, divided by the ranks that split it
+//     compute: one unsharded step's measured time on this mesh at a rank's share of the batch
+//       (the batch divided by the ranks that split the work), so that per-op costs, which do
+//       not shrink with the shard, count
 //   + communication: every redistribution the plan implies per step (parameter all-gathers and
 //     gradient reductions, tensor parallel activation all-reduces), each priced by plan() under
 //     the backend's CostModel, its per-call latency re-measured on this mesh as it runs now
 //
 // and its memory per rank (parameters, gradients and AdamW moments by their shards, the linear
-// layers' saved activations) is checked against the budget.
+// layers' and norms' saved activations) is checked against the budget.
 //
 // With a pipeline axis, the mesh's slices along it become stages: the model is cut into
 // contiguous runs of units (the embeddings, each block, the final norm and head), one per stage,
 // and every stage applies the same plan over the remaining axes. Each unit's forward + backward
-// is measured unsharded at the microbatch's shape; a stage's time per microbatch is its units'
-// (divided by the ranks splitting them) plus their communication and the activation or gradient
+// is measured unsharded at a rank's share of the microbatch; a stage's time per microbatch is
+// its units' plus their communication and the activation or gradient
 // it receives across each boundary; the step is sum(stage) + (microbatches - 1) * max(stage),
 // the first microbatch's trip through every stage and then one per microbatch at the slowest
-// stage's pace. The boundaries minimise the slowest stage among those whose memory fits (a 1F1B
-// stage s holds min(n, S - s) microbatches' activations, GPipe n).
+// stage's pace, or the host's work over its cores where ranks share cores. The boundaries
+// minimise the slowest stage among those whose memory fits (a 1F1B stage s holds min(n, S - s)
+// microbatches' activations, GPipe n).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -39,8 +43,10 @@ struct ParallelizeOptions {
   int64_t batch = 8;    ///< the step's shapes the plan is chosen for: tokens [batch, seq]
   int64_t seq = 16;
   bool print = true;    ///< rank 0 prints the candidates and the choice
-  /// The measured time of one unsharded step (forward, loss, backward) on this mesh, in us; 0:
-  /// parallelize measures it (one warm-up and three timed steps, the median, the slowest rank).
+  /// The time of one unsharded step (forward, loss, backward) of the whole batch on this mesh,
+  /// in us, a plan's compute taken as this divided by the ranks splitting it; 0: parallelize
+  /// measures the step at each plan's per-rank share of the batch (one warm-up and three timed
+  /// steps, the median, the slowest rank).
   double unsharded_step_us = 0;
   /// The communication model; default: the running backend's, its call latency re-measured here.
   std::optional<CostModel> cost;
@@ -52,15 +58,20 @@ struct ParallelizeOptions {
   int64_t microbatches = 4;                   ///< the pipeline's, splitting `batch`
   Schedule schedule = Schedule::one_f_one_b;  ///< the pipeline's (how many microbatches a stage holds)
   /// The forward + backward time of each unit (the embeddings, each block, the norm and head)
-  /// at one microbatch's shape on a stage's mesh, unsharded, in us; empty: measured (the median of
-  /// three, the slowest rank's).
+  /// at one microbatch's shape on a stage's mesh, unsharded, in us, divided by the ranks
+  /// splitting it; empty: measured at each plan's per-rank share of the microbatch (the median
+  /// of three, the slowest rank's).
   std::vector<double> unit_us;
+  /// Ranks sharing each core (a pipeline's step is at least its host's work over its cores); 0:
+  /// this host's ranks over std::thread::hardware_concurrency(), at least 1.
+  double ranks_per_core = 0;
 };
 
 /// One candidate plan and its estimate.
 struct PlanEstimate {
   std::string name;                  ///< "tp(tp) + fsdp(dp)", "ddp(x)", ...
   std::string tp_axis;               ///< empty: no tensor parallelism
+  bool sequence_parallel = false;    ///< the norms on sequence shards of the tp axis (transformer_tp_plan(true))
   std::vector<std::string> dp_axes;  ///< the axes splitting the batch
   bool fsdp = false;                 ///< parameters sharded over dp_axes (one axis)
   /// With a pipeline axis: each stage's module paths ({"tok", "pos", "blocks.0"}, ...).
@@ -96,7 +107,8 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_by
                               const ParallelizeOptions& options = {});
 
 /// Chooses the cheapest plan that fits `memory_budget_bytes` per rank (0: no limit), applies it
-/// to `model` (parallelize_module over the tp axis, fully_shard over the dp axis) and returns it.
+/// to `model` (parallelize_module over the tp axis, sequence parallel where chosen, fully_shard
+/// over the dp axis) and returns it.
 /// `mesh` must be the model's mesh, or with a pipeline axis the mesh it slices. Throws
 /// ShardingError as plan_parallelism and for a model already sharded, ValueError naming the
 /// smallest plan's memory when none fits. With a pipeline axis, make_pipeline builds the

@@ -1,8 +1,8 @@
 #include <tessera/mpmd/detail/lm_units.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
+#include <ctime>
 
 #include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
@@ -75,28 +75,35 @@ std::vector<double> measure_unit_us(nn::TransformerLM& model, int64_t rows, int6
   const DTensor tokens = DTensor::from_local(from_vector(ids, Shape{rows, seq}), mesh, whole);
   const DTensor targets = DTensor::from_local(from_vector(next, Shape{rows, seq}), mesh, whole);
   const Tensor hidden_values = from_vector(values, Shape{rows, seq, c.dim});
-  const auto time_us = [](const auto& step) {
-    std::vector<double> times;
-    for (int i = 0; i < 4; ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      step();
-      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-      if (i > 0) times.push_back(us);
-    }
-    std::sort(times.begin(), times.end());
-    return times[1];
-  };
   const int64_t units = unit_count(model);
-  std::vector<double> result(static_cast<size_t>(units));
-  for (int64_t u = 0; u < units; ++u) {
-    result[static_cast<size_t>(u)] = time_us([&] {
-      if (u == 0) return sum(run_units(model, 0, 1, tokens)).backward();
-      // A later stage's input: a leaf that wants its gradient, as the pipeline's received activation.
-      DTensor hidden = DTensor::from_local(hidden_values, mesh, whole);
-      hidden.requires_grad_();
-      if (u == units - 1) return next_token_loss(run_units(model, u, u + 1, hidden), targets).backward();
-      sum(run_units(model, u, u + 1, hidden)).backward();
-    });
+  const auto run = [&](int64_t u) {
+    if (u == 0) return sum(run_units(model, 0, 1, tokens)).backward();
+    // A later stage's input: a leaf that wants its gradient, as the pipeline's received activation.
+    DTensor hidden = DTensor::from_local(hidden_values, mesh, whole);
+    hidden.requires_grad_();
+    if (u == units - 1) return next_token_loss(run_units(model, u, u + 1, hidden), targets).backward();
+    sum(run_units(model, u, u + 1, hidden)).backward();
+  };
+  // This thread's CPU time, not wall time: ranks sharing cores would otherwise measure each
+  // other's turns, by chance (a unit's run can be shorter than a scheduler's time slice).
+  // parallelize accounts for shared cores separately. A warm-up pass, then the median of three.
+  const auto cpu_us = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) * 1e6 + static_cast<double>(t.tv_nsec) * 1e-3;
+  };
+  constexpr int kPasses = 3;
+  std::vector<std::vector<double>> times(static_cast<size_t>(units));
+  for (int pass = 0; pass <= kPasses; ++pass)
+    for (int64_t u = 0; u < units; ++u) {
+      const double start = cpu_us();
+      run(u);
+      if (pass > 0) times[static_cast<size_t>(u)].push_back(cpu_us() - start);
+    }
+  std::vector<double> result;
+  for (std::vector<double>& t : times) {
+    std::sort(t.begin(), t.end());
+    result.push_back(t[kPasses / 2]);
   }
   model.zero_grad();
   if (const auto comm = agree.mesh_comm_ptr())

@@ -26,8 +26,9 @@ DTensor run_units(const nn::TransformerLM& model, int64_t first, int64_t end, co
 /// The mean next-token cross-entropy of logits [batch, seq, vocab] against targets [batch, seq].
 DTensor next_token_loss(const DTensor& logits, const DTensor& targets);
 
-/// Each unit's forward + backward time at [rows, seq] on the model's mesh, unsharded, in us: the
-/// median of three after a warm-up, the slowest rank of `agree`'s (collective over it).
+/// Each unit's forward + backward CPU time (this thread's) at [rows, seq] on the model's mesh,
+/// unsharded, in us: the median of three after a warm-up, the slowest rank of `agree`'s
+/// (collective over it).
 std::vector<double> measure_unit_us(nn::TransformerLM& model, int64_t rows, int64_t seq, const DeviceMesh& agree);
 
 }  // namespace tessera::mpmd::detail
