@@ -270,6 +270,55 @@ void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOption
   e.fits = budget <= 0 || e.memory_bytes <= budget;
 }
 
+// FSDP for some units only (FSDP2's fully_shard per submodule), the rest DDP over the same
+// axis: the subset of units to shard that fits `budget` with the least communication. Memory is
+// each unit's state and activations under its choice plus the largest gather of a sharded unit;
+// for each bound g on that gather, units gathering more stay DDP and the rest are chosen by a
+// Pareto frontier of (memory, communication) over the units. Returns the units to shard (empty:
+// none fits).
+std::vector<int64_t> choose_sharded_units(const std::vector<UnitCost>& ddp, const std::vector<UnitCost>& fsdp,
+                                          int64_t budget) {
+  struct Choice {
+    int64_t memory = 0;
+    double comm = 0;
+    std::vector<int64_t> sharded;
+  };
+  const auto units = static_cast<int64_t>(ddp.size());
+  std::vector<int64_t> bounds;
+  for (const UnitCost& u : fsdp) bounds.push_back(u.gather_bytes);
+  std::sort(bounds.begin(), bounds.end());
+  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
+  Choice best;
+  best.comm = std::numeric_limits<double>::infinity();
+  for (int64_t bound : bounds) {
+    std::vector<Choice> frontier(1);
+    for (int64_t u = 0; u < units; ++u) {
+      const UnitCost &d = ddp[static_cast<size_t>(u)], &f = fsdp[static_cast<size_t>(u)];
+      std::vector<Choice> next;
+      for (const Choice& c : frontier) {
+        Choice keep = c;
+        keep.memory += d.state_bytes + d.activation_bytes, keep.comm += d.comm_us;
+        next.push_back(std::move(keep));
+        if (f.gather_bytes > bound) continue;
+        Choice shard = c;
+        shard.memory += f.state_bytes + f.activation_bytes, shard.comm += f.comm_us;
+        shard.sharded.push_back(u);
+        next.push_back(std::move(shard));
+      }
+      // Keep the choices no other beats on both memory and communication.
+      std::sort(next.begin(), next.end(), [](const Choice& a, const Choice& b) {
+        return a.memory != b.memory ? a.memory < b.memory : a.comm < b.comm;
+      });
+      frontier.clear();
+      for (Choice& c : next)
+        if (frontier.empty() || c.comm < frontier.back().comm) frontier.push_back(std::move(c));
+    }
+    for (const Choice& c : frontier)
+      if (!c.sharded.empty() && c.memory + bound <= budget && c.comm < best.comm) best = c;
+  }
+  return best.sharded;
+}
+
 // What a pipeline run of a candidate needs to price a stage of units [first, end).
 struct PipelinePricing {
   std::vector<UnitCost> units;
@@ -482,6 +531,41 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, 
     else
       estimate(e, model, options, compute.front(), cost, memory_budget_bytes);
   }
+  // Where a plan's DDP form does not fit and its FSDP form does more than it must, FSDP for some
+  // units only: the least communication that fits.
+  if (!pipelined && memory_budget_bytes > 0) {
+    std::vector<PlanEstimate> mixed;
+    for (const PlanEstimate& d : result.candidates) {
+      if (d.fsdp || d.fits || d.dp_axes.size() != 1) continue;
+      PlanEstimate f = d;
+      f.fsdp = true;
+      const std::vector<UnitCost> ddp_units = price_units(d, model, model.mesh().spec(), cost, options.batch, options.seq, 1);
+      const std::vector<UnitCost> fsdp_units = price_units(f, model, model.mesh().spec(), cost, options.batch, options.seq, 1);
+      const std::vector<int64_t> sharded = choose_sharded_units(ddp_units, fsdp_units, memory_budget_bytes);
+      if (sharded.empty() || static_cast<int64_t>(sharded.size()) == detail::unit_count(model)) continue;
+      PlanEstimate e = d;
+      e.fsdp = true;
+      e.comm_us = 0, e.comm_calls = 0, e.comm_bytes = 0, e.memory_bytes = 0;
+      int64_t gather = 0;
+      std::string labels;
+      for (int64_t u = 0; u < detail::unit_count(model); ++u) {
+        const bool shard = std::find(sharded.begin(), sharded.end(), u) != sharded.end();
+        const UnitCost& c = (shard ? fsdp_units : ddp_units)[static_cast<size_t>(u)];
+        e.comm_us += c.comm_us, e.comm_calls += c.calls, e.comm_bytes += c.bytes;
+        e.memory_bytes += c.state_bytes + c.activation_bytes;
+        if (!shard) continue;
+        gather = std::max(gather, c.gather_bytes);
+        for (std::string& m : detail::unit_modules(model, u)) e.fsdp_modules.push_back(std::move(m));
+        labels += (labels.empty() ? "" : ",") + detail::unit_label(model, u);
+      }
+      e.memory_bytes += gather;
+      e.fits = e.memory_bytes <= memory_budget_bytes;
+      const std::string plain = "ddp(" + d.dp_axes.front() + ")";
+      e.name = d.name.substr(0, d.name.find(plain)) + "fsdp(" + d.dp_axes.front() + ")[" + labels + "] + " + plain;
+      mixed.push_back(std::move(e));
+    }
+    for (PlanEstimate& e : mixed) result.candidates.push_back(std::move(e));
+  }
   const PlanEstimate* best = nullptr;
   const PlanEstimate* smallest = &result.candidates.front();
   for (const PlanEstimate& e : result.candidates) {
@@ -513,10 +597,14 @@ ParallelPlan parallelize(nn::TransformerLM& model, const DeviceMesh& mesh, int64
                     ? ""
                     : (" in " + std::to_string(result.microbatches) + " microbatches").c_str(),
                 result.cost.to_string().c_str(), result.to_string().c_str());
-  if (!result.chosen.tp_axis.empty())
-    nn::parallelize_module(model, result.chosen.tp_axis, nn::transformer_tp_plan(result.chosen.sequence_parallel));
-  if (result.chosen.fsdp) nn::fully_shard(model, result.chosen.dp_axes.front());
+  apply_plan(model, result.chosen);
   return result;
+}
+
+void apply_plan(nn::TransformerLM& model, const PlanEstimate& plan) {
+  if (!plan.tp_axis.empty()) nn::parallelize_module(model, plan.tp_axis, nn::transformer_tp_plan(plan.sequence_parallel));
+  if (plan.fsdp && plan.fsdp_modules.empty()) nn::fully_shard(model, plan.dp_axes.front());
+  for (const std::string& module : plan.fsdp_modules) nn::fully_shard(model.submodule(module), plan.dp_axes.front());
 }
 
 Pipeline make_pipeline(nn::TransformerLM& model, const ParallelPlan& plan) {

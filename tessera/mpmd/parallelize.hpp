@@ -3,8 +3,9 @@
 // planner's cost model and a memory budget, print it, apply it. The candidates are the plans
 // Tessera can apply to a transformer: data parallel (DDP, gradients all-reduced), fully sharded
 // (FSDP over one axis), tensor parallel (the Megatron plan over one axis, with or without
-// sequence parallelism), and their 2-d combinations; each layer's style is the plan's
-// (transformer_tp_plan), the same for every block. Each is priced as
+// sequence parallelism), and their 2-d combinations; each layer's tensor parallel style is the
+// plan's (transformer_tp_plan), and under a memory budget FSDP can cover some layers only (the
+// others DDP). Each is priced as
 //
 //     compute: one unsharded step's measured time on this mesh at a rank's share of the batch
 //       (the batch divided by the ranks that split the work), so that per-op costs, which do
@@ -74,6 +75,10 @@ struct PlanEstimate {
   bool sequence_parallel = false;    ///< the norms on sequence shards of the tp axis (transformer_tp_plan(true))
   std::vector<std::string> dp_axes;  ///< the axes splitting the batch
   bool fsdp = false;                 ///< parameters sharded over dp_axes (one axis)
+  /// With fsdp: the module paths sharded (FSDP2's fully_shard per submodule), the rest DDP over
+  /// the same axis; empty: every module. parallelize considers it where a plan's DDP form does not
+  /// fit the budget, choosing the units whose sharding fits with the least communication.
+  std::vector<std::string> fsdp_modules;
   /// With a pipeline axis: each stage's module paths ({"tok", "pos", "blocks.0"}, ...).
   std::vector<std::vector<std::string>> stages;
   double compute_us = 0, comm_us = 0;
@@ -115,6 +120,11 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_by
 /// pipeline that runs the plan.
 ParallelPlan parallelize(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
                          const ParallelizeOptions& options = {});
+
+/// Applies one candidate to an unsharded model on its mesh (a stage's mesh for a pipeline):
+/// parallelize_module over the tp axis, fully_shard over the dp axis (on fsdp_modules only where
+/// given). parallelize applies its choice so.
+void apply_plan(nn::TransformerLM& model, const PlanEstimate& plan);
 
 /// The pipeline of a plan with a pipeline axis: stage s runs plan.chosen.stages[s]'s modules of
 /// `model` (this rank's copy) on plan.stage_meshes[s], the loss the model's next-token

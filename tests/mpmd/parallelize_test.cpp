@@ -75,6 +75,51 @@ TEST(Parallelize, ChoosesTheObviousPlan) {
   });
 }
 
+// Under a budget between DDP's footprint and FSDP's, FSDP covers only the layers it must (the
+// rest DDP): it fits, moves less than sharding everything, and computes the unsharded loss.
+TEST(Parallelize, FullyShardsOnlyTheLayersItMust) {
+  for_each_world({4}, [] {
+    const DeviceMesh mesh({world_size()}, {"x"});
+    const nn::TransformerConfig c = config(64, 256, 64, 16);
+    manual_seed(3);
+    nn::TransformerLM model(mesh, c);
+    const ParallelPlan free = plan_parallelism(model, 0, shapes(32, 16));
+    const PlanEstimate* ddp = nullptr;
+    const PlanEstimate* fsdp = nullptr;
+    for (const PlanEstimate& e : free.candidates) {
+      if (e.name == "ddp(x)") ddp = &e;
+      if (e.name == "fsdp(x)") fsdp = &e;
+    }
+    ASSERT_TRUE(ddp && fsdp) << free.to_string();
+    const int64_t budget = (ddp->memory_bytes + fsdp->memory_bytes) / 2;
+    const ParallelPlan plan = plan_parallelism(model, budget, shapes(32, 16));
+    const PlanEstimate* mixed = nullptr;
+    for (const PlanEstimate& e : plan.candidates)
+      if (e.fsdp && !e.fsdp_modules.empty() && e.tp_axis.empty()) mixed = &e;
+    ASSERT_TRUE(mixed) << plan.to_string();
+    EXPECT_TRUE(mixed->fits);
+    EXPECT_LE(mixed->memory_bytes, budget);
+    EXPECT_LT(mixed->comm_us, fsdp->comm_us) << plan.to_string();
+    EXPECT_NE(mixed->name.find("fsdp(x)["), std::string::npos);
+    EXPECT_NE(mixed->name.find("] + ddp(x)"), std::string::npos);
+    // Applied: the chosen modules sharded, the others replicated; the loss is the unsharded one.
+    manual_seed(3);
+    nn::TransformerLM reference(mesh, c);
+    apply_plan(model, *mixed);
+    int64_t sharded = 0;
+    for (const auto& [path, p] : model.named_parameters()) sharded += p->layout().is_replicated() ? 0 : 1;
+    EXPECT_GT(sharded, 0);
+    EXPECT_LT(sharded, static_cast<int64_t>(model.named_parameters().size()));
+    std::vector<int64_t> ids(64), next(64);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 64), next[i] = static_cast<int64_t>(i * 3 % 64);
+    const Tensor tokens = from_vector(ids, Shape{4, 16}), targets = from_vector(next, Shape{4, 16});
+    const DTensor loss = model.loss(distribute_tensor(tokens, mesh, {Shard{0}}), distribute_tensor(targets, mesh, {Shard{0}}));
+    const DTensor expected =
+        reference.loss(distribute_tensor(tokens, mesh, {Replicate{}}), distribute_tensor(targets, mesh, {Replicate{}}));
+    EXPECT_NEAR(loss.full_tensor().item<double>(), expected.full_tensor().item<double>(), 1e-5);
+  });
+}
+
 // Sequence parallelism keeps the norms' activations on sequence shards: of the plans the
 // smallest are tp+sp with FSDP, and a budget of their footprint admits nothing else.
 TEST(Parallelize, SequenceParallelWhereOnlyItFits) {
@@ -119,8 +164,7 @@ TEST(Parallelize, EveryCandidateComputesTheUnshardedLoss) {
     for (const PlanEstimate& e : plan.candidates) {
       manual_seed(5);
       nn::TransformerLM model(mesh, c);
-      if (!e.tp_axis.empty()) nn::parallelize_module(model, e.tp_axis, nn::transformer_tp_plan(e.sequence_parallel));
-      if (e.fsdp) nn::fully_shard(model, e.dp_axes.front());
+      apply_plan(model, e);
       Placements data = whole;
       for (const auto& a : e.dp_axes) data[static_cast<size_t>(mesh.spec().dim_of(a))] = Shard{0};
       const DTensor loss = model.loss(distribute_tensor(tokens, mesh, data), distribute_tensor(targets, mesh, data));
