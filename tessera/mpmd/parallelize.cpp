@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <functional>
+#include <memory>
 #include <sstream>
 #include <thread>
 
@@ -33,8 +35,41 @@ std::string parent_of(const std::string& path) {
   return dot == std::string::npos ? std::string() : path.substr(0, dot);
 }
 
-// One unsharded step's time on this mesh at [rows, seq] (every rank computes the whole step, as
-// contended as the sharded run will be): the median of three, the slowest rank's.
+// What parallelize plans for: a module, the units its parameters fall into (what a pipeline
+// stage or an FSDP choice takes whole), its tensor parallel plan, how to time its step.
+struct Subject {
+  nn::Module& model;
+  int64_t units = 0;
+  std::function<int64_t(const std::string& path)> unit_of;          // a parameter's unit
+  std::function<std::vector<std::string>(int64_t)> unit_modules;    // a unit's module paths
+  std::function<std::string(int64_t)> unit_label;                   // for plan names
+  std::function<std::map<std::string, nn::ParallelStyle>(bool)> tp_plan;  // by sequence parallelism
+  bool tensor_parallel = false, sequence_parallel = false;          // candidates to consider
+  std::function<double(int64_t rows)> step_us;                      // the unsharded step at [rows, ...]
+  int64_t boundary_features = 0;                                    // a pipeline activation's last dim
+};
+
+// Times `step` (forward, loss, backward) on every rank of `mesh` at once (a barrier before each
+// run, so that each is as contended as the sharded run will be): the median of three after a
+// warm-up, the slowest rank's.
+double time_step_us(const std::function<void()>& step, nn::Module& model, const DeviceMesh& mesh) {
+  const auto comm = mesh.mesh_comm_ptr();
+  std::vector<double> times;
+  for (int i = 0; i < 4; ++i) {
+    if (comm) comm->barrier();
+    const auto start = std::chrono::steady_clock::now();
+    step();
+    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    if (i > 0) times.push_back(us);
+  }
+  model.zero_grad();
+  std::sort(times.begin(), times.end());
+  double median = times[1];
+  if (comm) comm->all_reduce(&median, 1, DType::f64, ReduceOp::max);
+  return median;
+}
+
+// One unsharded step's time on this mesh at [rows, seq]: every rank computes the whole step.
 double measure_unsharded_step_us(nn::TransformerLM& model, int64_t rows, const ParallelizeOptions& options) {
   const auto& c = model.config();
   std::vector<int64_t> ids(static_cast<size_t>(rows * options.seq)), next(ids.size());
@@ -46,18 +81,7 @@ double measure_unsharded_step_us(nn::TransformerLM& model, int64_t rows, const P
   const Placements whole(static_cast<size_t>(mesh.ndim()), Replicate{});
   const DTensor tokens = distribute_tensor(from_vector(ids, Shape{rows, options.seq}), mesh, whole);
   const DTensor targets = distribute_tensor(from_vector(next, Shape{rows, options.seq}), mesh, whole);
-  std::vector<double> times;
-  for (int i = 0; i < 4; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    model.loss(tokens, targets).backward();
-    const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    if (i > 0) times.push_back(us);
-  }
-  model.zero_grad();
-  std::sort(times.begin(), times.end());
-  double median = times[1];
-  if (const auto comm = mesh.mesh_comm_ptr()) comm->all_reduce(&median, 1, DType::f64, ReduceOp::max);
-  return median;
+  return time_step_us([&] { model.loss(tokens, targets).backward(); }, model, mesh);
 }
 
 // How many ranks of `mesh` share each core of the most crowded host (at least 1): in-process
@@ -98,10 +122,11 @@ double measure_call_us(const DeviceMesh& mesh) {
 
 // The candidates on a mesh of one or two axes: every tensor parallel plan with and without
 // sequence parallelism.
-std::vector<PlanEstimate> candidates_of(const MeshSpec& spec) {
+std::vector<PlanEstimate> candidates_of(const MeshSpec& spec, bool tensor_parallel, bool sequence_parallel) {
   const auto& axes = spec.names();
   std::vector<PlanEstimate> out;
   const auto add = [&](std::string tp, std::vector<std::string> dp, bool fsdp, bool sp) {
+    if ((!tp.empty() && !tensor_parallel) || (sp && !sequence_parallel)) return;
     PlanEstimate e;
     e.tp_axis = std::move(tp);
     e.sequence_parallel = sp;
@@ -146,14 +171,15 @@ struct UnitCost {
 // Prices a candidate's communication and memory unit by unit, for microbatches of `rows` rows:
 // what moves per microbatch (FSDP's gathers and gradient reduce-scatters, tensor parallel
 // activations) counts `microbatches` times, DDP's gradient all-reduce once (NoSync defers it).
-std::vector<UnitCost> price_units(const PlanEstimate& e, nn::TransformerLM& model, const MeshSpec& spec,
+std::vector<UnitCost> price_units(const PlanEstimate& e, const Subject& subject, const MeshSpec& spec,
                                   const CostModel& cost, int64_t rows, int64_t seq, int64_t microbatches) {
+  nn::Module& model = subject.model;
   const PlanOptions plan_options{cost};
   const int64_t tp = e.tp_axis.empty() ? -1 : spec.dim_of(e.tp_axis, "parallelize");
   std::vector<int64_t> dp;
   int64_t dp_ways = 1;
   for (const auto& a : e.dp_axes) dp.push_back(spec.dim_of(a, "parallelize")), dp_ways *= spec.size(dp.back());
-  std::vector<UnitCost> units(static_cast<size_t>(detail::unit_count(model)));
+  std::vector<UnitCost> units(static_cast<size_t>(subject.units));
   const auto price = [&](UnitCost& u, const Layout& src, const Layout& dst, int64_t times) {
     const Plan p = plan(src, dst, plan_options);
     u.comm_us += static_cast<double>(times) * p.estimated_us;
@@ -164,7 +190,8 @@ std::vector<UnitCost> price_units(const PlanEstimate& e, nn::TransformerLM& mode
     placements[static_cast<size_t>(m)] = p;
     return placements;
   };
-  const std::map<std::string, nn::ParallelStyle> tp_plan = nn::transformer_tp_plan(e.sequence_parallel);
+  const std::map<std::string, nn::ParallelStyle> tp_plan =
+      tp >= 0 ? subject.tp_plan(e.sequence_parallel) : std::map<std::string, nn::ParallelStyle>{};
   const bool sp = tp >= 0 && e.sequence_parallel;
   const int64_t tp_ways = tp >= 0 ? spec.size(tp) : 1;
   const Placements replicate(static_cast<size_t>(spec.ndim()), Replicate{});
@@ -172,9 +199,9 @@ std::vector<UnitCost> price_units(const PlanEstimate& e, nn::TransformerLM& mode
   const int64_t tokens = rows * seq;
   std::vector<std::string> colwise_parents;
   for (const auto& [path, param] : model.named_parameters()) {
-    UnitCost& u = units[static_cast<size_t>(detail::unit_of(model, path))];
+    UnitCost& u = units[static_cast<size_t>(subject.unit_of(path))];
     const std::string module = parent_of(path), name = path.substr(module.empty() ? 0 : module.size() + 1);
-    nn::Module& sub = module.empty() ? static_cast<nn::Module&>(model) : model.submodule(module);
+    nn::Module& sub = module.empty() ? model : model.submodule(module);
     const auto* linear = dynamic_cast<const nn::Linear*>(&sub);
     const auto* embedding = dynamic_cast<const nn::Embedding*>(&sub);
     const bool norm = dynamic_cast<const nn::RMSNorm*>(&sub) || dynamic_cast<const nn::LayerNorm*>(&sub);
@@ -254,12 +281,12 @@ int64_t ways_of(const PlanEstimate& e, const MeshSpec& spec) {
 }
 
 // Prices a candidate without a pipeline: the whole step on the mesh.
-void estimate(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOptions& options, double compute_us,
+void estimate(PlanEstimate& e, const Subject& subject, const ParallelizeOptions& options, double compute_us,
               const CostModel& cost, int64_t budget) {
-  const MeshSpec& spec = model.mesh().spec();
+  const MeshSpec& spec = subject.model.mesh().spec();
   e.compute_us = compute_us;
   int64_t memory = 0, largest_gather = 0;
-  for (const UnitCost& u : price_units(e, model, spec, cost, options.batch, options.seq, 1)) {
+  for (const UnitCost& u : price_units(e, subject, spec, cost, options.batch, options.seq, 1)) {
     e.comm_us += u.comm_us;
     e.comm_calls += u.calls;
     e.comm_bytes += u.bytes;
@@ -382,20 +409,20 @@ std::vector<int64_t> choose_boundaries(const PipelinePricing& p, int64_t budget)
 }
 
 // Prices a candidate as the plan inside every stage of a pipeline, choosing its boundaries.
-void estimate_pipeline(PlanEstimate& e, nn::TransformerLM& model, const ParallelizeOptions& options,
+void estimate_pipeline(PlanEstimate& e, const Subject& subject, const ParallelizeOptions& options,
                        std::vector<double> unit_compute_us, int64_t stages, double sharing, const CostModel& cost,
                        int64_t budget) {
-  const MeshSpec& spec = model.mesh().spec();
+  const MeshSpec& spec = subject.model.mesh().spec();
   const int64_t n = options.microbatches, rows = (options.batch + n - 1) / n;
   PipelinePricing p;
   p.stages = stages;
   p.microbatches = n;
   p.schedule = options.schedule;
-  p.units = price_units(e, model, spec, cost, rows, options.seq, n);
+  p.units = price_units(e, subject, spec, cost, rows, options.seq, n);
   p.compute_us = std::move(unit_compute_us);
   int64_t dp_ways = 1;
   for (const auto& a : e.dp_axes) dp_ways *= spec.size(spec.dim_of(a, "parallelize"));
-  p.boundary_bytes = (rows + dp_ways - 1) / dp_ways * options.seq * model.config().dim * itemsize(DType::f32);
+  p.boundary_bytes = (rows + dp_ways - 1) / dp_ways * options.seq * subject.boundary_features * itemsize(DType::f32);
   p.boundary_us = cost.call_us + static_cast<double>(p.boundary_bytes) / cost.bytes_per_us;
   std::vector<int64_t> bounds = choose_boundaries(p, budget);
   e.fits = !bounds.empty();
@@ -411,15 +438,15 @@ void estimate_pipeline(PlanEstimate& e, nn::TransformerLM& model, const Parallel
     std::vector<std::string> modules;
     for (int64_t u = first; u < end; ++u) {
       calls += p.units[static_cast<size_t>(u)].calls, bytes += p.units[static_cast<size_t>(u)].bytes;
-      for (std::string& m : detail::unit_modules(model, u)) modules.push_back(std::move(m));
+      for (std::string& m : subject.unit_modules(u)) modules.push_back(std::move(m));
     }
     e.stages.push_back(std::move(modules));
     e.comm_calls = std::max(e.comm_calls, calls);
     e.comm_bytes = std::max(e.comm_bytes, bytes);
     e.memory_bytes = std::max(e.memory_bytes, p.memory_bytes(s, first, end));
     if (s > 0) layout += '|';
-    layout += detail::unit_label(model, first);
-    if (end - first > 1) layout += '-', layout += detail::unit_label(model, end - 1);
+    layout += subject.unit_label(first);
+    if (end - first > 1) layout += '-', layout += subject.unit_label(end - 1);
   }
   // The critical path, unless the ranks sharing a host's cores cannot do their work in that
   // time: then the host's work over its cores (each stage's ranks alike, `sharing` ranks a core).
@@ -457,11 +484,176 @@ std::string ParallelPlan::to_string() const {
   return out.str();
 }
 
-ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
-                              const ParallelizeOptions& options) {
+namespace {
+
+void check_unsharded(nn::Module& model) {
   for (const auto& [path, p] : model.named_parameters())
     TESSERA_CHECK(p->layout().is_replicated(), ShardingError, "parallelize", "parameter ", path, " is already ",
                   p->layout().to_string(), "; parallelize takes an unsharded model");
+}
+
+// Prices every candidate of `subject` on `mesh` (result.stage_meshes set: as a pipeline's
+// stages, each unit timed by `unit_us`) and chooses.
+ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_t memory_budget_bytes,
+                          const ParallelizeOptions& options, ParallelPlan result,
+                          const std::function<std::vector<double>(int64_t rows)>& unit_us) {
+  nn::Module& model = subject.model;
+  const bool pipelined = !result.stage_meshes.empty();
+  CostModel cost = options.cost.value_or(CostModel::for_backend(world().backend()));
+  if (!options.cost) {
+    double call = measure_call_us(model.mesh());
+    if (const auto comm = mesh.mesh_comm_ptr()) comm->all_reduce(&call, 1, DType::f64, ReduceOp::max);
+    cost.call_us = std::max(cost.call_us, call);
+  }
+  result.cost = cost;
+  result.candidates = candidates_of(model.mesh().spec(), subject.tensor_parallel, subject.sequence_parallel);
+  // A rank's compute under a plan splitting the batch (or the features) `ways` ways: the
+  // unsharded step (pipelined: each unit at one microbatch) measured at the rank's share of the
+  // rows, so that the per-op costs that do not shrink with the shard are counted; or a given
+  // time divided by `ways`. One measurement per distinct `ways`.
+  const int64_t rows = pipelined ? (options.batch + options.microbatches - 1) / options.microbatches : options.batch;
+  const auto share = [&](int64_t ways) { return std::max<int64_t>(1, (rows + ways - 1) / ways); };
+  if (pipelined && !options.unit_us.empty())
+    TESSERA_CHECK(static_cast<int64_t>(options.unit_us.size()) == subject.units, ValueError, "parallelize",
+                  "unit_us has ", options.unit_us.size(), " times; the model has ", subject.units,
+                  " units (embeddings, each block, head)");
+  const double sharing = !pipelined ? 1.0 : options.ranks_per_core > 0 ? options.ranks_per_core : ranks_per_core(mesh);
+  std::map<int64_t, std::vector<double>> measured;  // by ways: the step's, or each unit's
+  const auto compute_of = [&](int64_t ways) -> const std::vector<double>& {
+    auto it = measured.find(ways);
+    if (it != measured.end()) return it->second;
+    std::vector<double> us;
+    if (pipelined && !options.unit_us.empty())
+      for (double u : options.unit_us) us.push_back(u / static_cast<double>(ways));
+    else if (pipelined)
+      us = unit_us(share(ways));
+    else if (options.unsharded_step_us > 0)
+      us = {options.unsharded_step_us / static_cast<double>(ways)};
+    else
+      us = {subject.step_us(share(ways))};
+    return measured.emplace(ways, std::move(us)).first->second;
+  };
+  for (PlanEstimate& e : result.candidates) {
+    const std::vector<double>& compute = compute_of(ways_of(e, model.mesh().spec()));
+    if (pipelined)
+      estimate_pipeline(e, subject, options, compute, static_cast<int64_t>(result.stage_meshes.size()), sharing, cost,
+                        memory_budget_bytes);
+    else
+      estimate(e, subject, options, compute.front(), cost, memory_budget_bytes);
+  }
+  // Where a plan's DDP form does not fit and its FSDP form does more than it must, FSDP for some
+  // units only: the least communication that fits.
+  if (!pipelined && memory_budget_bytes > 0) {
+    std::vector<PlanEstimate> mixed;
+    for (const PlanEstimate& d : result.candidates) {
+      if (d.fsdp || d.fits || d.dp_axes.size() != 1) continue;
+      PlanEstimate f = d;
+      f.fsdp = true;
+      const MeshSpec& spec = model.mesh().spec();
+      const std::vector<UnitCost> ddp_units = price_units(d, subject, spec, cost, options.batch, options.seq, 1);
+      const std::vector<UnitCost> fsdp_units = price_units(f, subject, spec, cost, options.batch, options.seq, 1);
+      const std::vector<int64_t> sharded = choose_sharded_units(ddp_units, fsdp_units, memory_budget_bytes);
+      if (sharded.empty() || static_cast<int64_t>(sharded.size()) == subject.units) continue;
+      PlanEstimate e = d;
+      e.fsdp = true;
+      e.comm_us = 0, e.comm_calls = 0, e.comm_bytes = 0, e.memory_bytes = 0;
+      int64_t gather = 0;
+      std::string labels;
+      for (int64_t u = 0; u < subject.units; ++u) {
+        const bool shard = std::find(sharded.begin(), sharded.end(), u) != sharded.end();
+        const UnitCost& c = (shard ? fsdp_units : ddp_units)[static_cast<size_t>(u)];
+        e.comm_us += c.comm_us, e.comm_calls += c.calls, e.comm_bytes += c.bytes;
+        e.memory_bytes += c.state_bytes + c.activation_bytes;
+        if (!shard) continue;
+        gather = std::max(gather, c.gather_bytes);
+        for (std::string& m : subject.unit_modules(u)) e.fsdp_modules.push_back(std::move(m));
+        labels += (labels.empty() ? "" : ",") + subject.unit_label(u);
+      }
+      e.memory_bytes += gather;
+      e.fits = e.memory_bytes <= memory_budget_bytes;
+      const std::string plain = "ddp(" + d.dp_axes.front() + ")";
+      e.name = d.name.substr(0, d.name.find(plain)) + "fsdp(" + d.dp_axes.front() + ")[" + labels + "] + " + plain;
+      mixed.push_back(std::move(e));
+    }
+    for (PlanEstimate& e : mixed) result.candidates.push_back(std::move(e));
+  }
+  const PlanEstimate* best = nullptr;
+  const PlanEstimate* smallest = &result.candidates.front();
+  for (const PlanEstimate& e : result.candidates) {
+    if (e.memory_bytes < smallest->memory_bytes) smallest = &e;
+    if (e.fits && (!best || e.estimated_us() < best->estimated_us())) best = &e;
+  }
+  TESSERA_CHECK(best != nullptr, ValueError, "parallelize", "no plan fits the memory budget of ",
+                mib(memory_budget_bytes), " per rank on ", mesh.to_string(), "; the smallest, ", smallest->name,
+                ", needs ", mib(smallest->memory_bytes));
+  result.chosen = *best;
+  const MeshSpec& spec = model.mesh().spec();
+  result.data.assign(static_cast<size_t>(spec.ndim()), Replicate{});
+  for (const auto& a : best->dp_axes) result.data[static_cast<size_t>(spec.dim_of(a, "parallelize"))] = Shard{0};
+  return result;
+}
+
+// The transformer LM as units: embeddings, each block, norm and head.
+Subject lm_subject(nn::TransformerLM& model, const ParallelizeOptions& options) {
+  Subject s{model};
+  s.units = detail::unit_count(model);
+  s.unit_of = [&model](const std::string& path) { return detail::unit_of(model, path); };
+  s.unit_modules = [&model](int64_t u) { return detail::unit_modules(model, u); };
+  s.unit_label = [&model](int64_t u) { return detail::unit_label(model, u); };
+  s.tp_plan = [](bool sp) { return nn::transformer_tp_plan(sp); };
+  s.tensor_parallel = s.sequence_parallel = true;
+  s.step_us = [&model, options](int64_t rows) { return measure_unsharded_step_us(model, rows, options); };
+  s.boundary_features = model.config().dim;
+  return s;
+}
+
+// Any module: each module owning parameters is a unit; tensor parallel by the options' plan.
+Subject module_subject(nn::Module& model, const ParallelizeOptions& options) {
+  auto owners = std::make_shared<std::vector<std::string>>();
+  for (const auto& [path, p] : model.named_parameters())
+    if (std::find(owners->begin(), owners->end(), parent_of(path)) == owners->end()) owners->push_back(parent_of(path));
+  Subject s{model};
+  s.units = static_cast<int64_t>(owners->size());
+  s.unit_of = [owners](const std::string& path) {
+    return static_cast<int64_t>(std::find(owners->begin(), owners->end(), parent_of(path)) - owners->begin());
+  };
+  s.unit_modules = [owners](int64_t u) { return std::vector<std::string>{(*owners)[static_cast<size_t>(u)]}; };
+  s.unit_label = [owners](int64_t u) {
+    const std::string& m = (*owners)[static_cast<size_t>(u)];
+    return m.empty() ? std::string("(root)") : m;
+  };
+  s.tp_plan = [plan = options.tp_plan](bool) { return plan; };
+  s.tensor_parallel = !options.tp_plan.empty();
+  s.step_us = [&model, loss = options.loss](int64_t rows) {
+    return time_step_us([&] { loss(rows).backward(); }, model, model.mesh());
+  };
+  return s;
+}
+
+void apply(nn::Module& model, const PlanEstimate& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan) {
+  if (!plan.tp_axis.empty()) nn::parallelize_module(model, plan.tp_axis, tp_plan);
+  if (plan.fsdp && plan.fsdp_modules.empty()) nn::fully_shard(model, plan.dp_axes.front());
+  for (const std::string& module : plan.fsdp_modules)
+    nn::fully_shard(module.empty() ? model : model.submodule(module), plan.dp_axes.front());
+}
+
+void print_plan(const ParallelPlan& result, const DeviceMesh& mesh, int64_t memory_budget_bytes,
+                const ParallelizeOptions& options) {
+  if (!options.print || !mesh.is_member() || mesh.coordinate() != std::vector<int64_t>(static_cast<size_t>(mesh.ndim()), 0))
+    return;
+  const std::string microbatches =
+      result.pipeline_axis.empty() ? "" : " in " + std::to_string(result.microbatches) + " microbatches";
+  std::printf("parallelize on %s (budget %s per rank, step of [%lld, %lld] tokens%s, %s):\n%s", mesh.to_string().c_str(),
+              memory_budget_bytes > 0 ? mib(memory_budget_bytes).c_str() : "none",
+              static_cast<long long>(options.batch), static_cast<long long>(options.seq), microbatches.c_str(),
+              result.cost.to_string().c_str(), result.to_string().c_str());
+}
+
+}  // namespace
+
+ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
+                              const ParallelizeOptions& options) {
+  check_unsharded(model);
   ParallelPlan result;
   const bool pipelined = !options.pipeline_axis.empty();
   if (pipelined) {
@@ -489,122 +681,50 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, 
     TESSERA_CHECK(mesh.spec() == model.mesh().spec(), ShardingError, "parallelize", "the model lives on ",
                   model.mesh().to_string(), ", not on ", mesh.to_string());
   }
-  CostModel cost = options.cost.value_or(CostModel::for_backend(world().backend()));
-  if (!options.cost) {
-    double call = measure_call_us(model.mesh());
-    if (const auto comm = mesh.mesh_comm_ptr()) comm->all_reduce(&call, 1, DType::f64, ReduceOp::max);
-    cost.call_us = std::max(cost.call_us, call);
-  }
-  result.cost = cost;
-  result.candidates = candidates_of(model.mesh().spec());
-  // A rank's compute under a plan splitting the batch (or the features) `ways` ways: the
-  // unsharded step (pipelined: each unit at one microbatch) measured at the rank's share of the
-  // rows, so that the per-op costs that do not shrink with the shard are counted; or a given
-  // time divided by `ways`. One measurement per distinct `ways`.
-  const int64_t rows = pipelined ? (options.batch + options.microbatches - 1) / options.microbatches : options.batch;
-  const auto share = [&](int64_t ways) { return std::max<int64_t>(1, (rows + ways - 1) / ways); };
-  if (pipelined && !options.unit_us.empty())
-    TESSERA_CHECK(static_cast<int64_t>(options.unit_us.size()) == detail::unit_count(model), ValueError, "parallelize",
-                  "unit_us has ", options.unit_us.size(), " times; the model has ", detail::unit_count(model),
-                  " units (embeddings, each block, head)");
-  const double sharing = !pipelined ? 1.0 : options.ranks_per_core > 0 ? options.ranks_per_core : ranks_per_core(mesh);
-  std::map<int64_t, std::vector<double>> measured;  // by ways: the step's, or each unit's
-  const auto compute_of = [&](int64_t ways) -> const std::vector<double>& {
-    auto it = measured.find(ways);
-    if (it != measured.end()) return it->second;
-    std::vector<double> us;
-    if (pipelined && !options.unit_us.empty())
-      for (double u : options.unit_us) us.push_back(u / static_cast<double>(ways));
-    else if (pipelined)
-      us = detail::measure_unit_us(model, share(ways), options.seq, mesh);
-    else if (options.unsharded_step_us > 0)
-      us = {options.unsharded_step_us / static_cast<double>(ways)};
-    else
-      us = {measure_unsharded_step_us(model, share(ways), options)};
-    return measured.emplace(ways, std::move(us)).first->second;
-  };
-  for (PlanEstimate& e : result.candidates) {
-    const std::vector<double>& compute = compute_of(ways_of(e, model.mesh().spec()));
-    if (pipelined)
-      estimate_pipeline(e, model, options, compute, static_cast<int64_t>(result.stage_meshes.size()), sharing, cost,
-                        memory_budget_bytes);
-    else
-      estimate(e, model, options, compute.front(), cost, memory_budget_bytes);
-  }
-  // Where a plan's DDP form does not fit and its FSDP form does more than it must, FSDP for some
-  // units only: the least communication that fits.
-  if (!pipelined && memory_budget_bytes > 0) {
-    std::vector<PlanEstimate> mixed;
-    for (const PlanEstimate& d : result.candidates) {
-      if (d.fsdp || d.fits || d.dp_axes.size() != 1) continue;
-      PlanEstimate f = d;
-      f.fsdp = true;
-      const std::vector<UnitCost> ddp_units = price_units(d, model, model.mesh().spec(), cost, options.batch, options.seq, 1);
-      const std::vector<UnitCost> fsdp_units = price_units(f, model, model.mesh().spec(), cost, options.batch, options.seq, 1);
-      const std::vector<int64_t> sharded = choose_sharded_units(ddp_units, fsdp_units, memory_budget_bytes);
-      if (sharded.empty() || static_cast<int64_t>(sharded.size()) == detail::unit_count(model)) continue;
-      PlanEstimate e = d;
-      e.fsdp = true;
-      e.comm_us = 0, e.comm_calls = 0, e.comm_bytes = 0, e.memory_bytes = 0;
-      int64_t gather = 0;
-      std::string labels;
-      for (int64_t u = 0; u < detail::unit_count(model); ++u) {
-        const bool shard = std::find(sharded.begin(), sharded.end(), u) != sharded.end();
-        const UnitCost& c = (shard ? fsdp_units : ddp_units)[static_cast<size_t>(u)];
-        e.comm_us += c.comm_us, e.comm_calls += c.calls, e.comm_bytes += c.bytes;
-        e.memory_bytes += c.state_bytes + c.activation_bytes;
-        if (!shard) continue;
-        gather = std::max(gather, c.gather_bytes);
-        for (std::string& m : detail::unit_modules(model, u)) e.fsdp_modules.push_back(std::move(m));
-        labels += (labels.empty() ? "" : ",") + detail::unit_label(model, u);
-      }
-      e.memory_bytes += gather;
-      e.fits = e.memory_bytes <= memory_budget_bytes;
-      const std::string plain = "ddp(" + d.dp_axes.front() + ")";
-      e.name = d.name.substr(0, d.name.find(plain)) + "fsdp(" + d.dp_axes.front() + ")[" + labels + "] + " + plain;
-      mixed.push_back(std::move(e));
-    }
-    for (PlanEstimate& e : mixed) result.candidates.push_back(std::move(e));
-  }
-  const PlanEstimate* best = nullptr;
-  const PlanEstimate* smallest = &result.candidates.front();
-  for (const PlanEstimate& e : result.candidates) {
-    if (e.memory_bytes < smallest->memory_bytes) smallest = &e;
-    if (e.fits && (!best || e.estimated_us() < best->estimated_us())) best = &e;
-  }
-  TESSERA_CHECK(best != nullptr, ValueError, "parallelize", "no plan fits the memory budget of ",
-                mib(memory_budget_bytes), " per rank on ", mesh.to_string(), "; the smallest, ", smallest->name,
-                ", needs ", mib(smallest->memory_bytes));
-  result.chosen = *best;
-  const MeshSpec& spec = model.mesh().spec();
-  result.data.assign(static_cast<size_t>(spec.ndim()), Replicate{});
-  for (const auto& a : best->dp_axes) result.data[static_cast<size_t>(spec.dim_of(a, "parallelize"))] = Shard{0};
-  return result;
+  return plan_subject(lm_subject(model, options), mesh, memory_budget_bytes, options, std::move(result),
+                      [&](int64_t rows) { return detail::measure_unit_us(model, rows, options.seq, mesh); });
 }
 
 ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_bytes, const ParallelizeOptions& options) {
   return plan_parallelism(model, model.mesh(), memory_budget_bytes, options);
 }
 
+ParallelPlan plan_parallelism(nn::Module& model, int64_t memory_budget_bytes, const ParallelizeOptions& options) {
+  if (auto* lm = dynamic_cast<nn::TransformerLM*>(&model)) return plan_parallelism(*lm, memory_budget_bytes, options);
+  check_unsharded(model);
+  TESSERA_CHECK(options.pipeline_axis.empty(), ValueError, "parallelize", "a pipeline axis needs a model cut into "
+                "units (TransformerLM); for another module build the stages and a Pipeline directly");
+  TESSERA_CHECK(options.unsharded_step_us > 0 || static_cast<bool>(options.loss), ValueError, "parallelize",
+                "set ParallelizeOptions::loss (the loss of a batch of `rows` rows, to time the step) or "
+                "unsharded_step_us");
+  return plan_subject(module_subject(model, options), model.mesh(), memory_budget_bytes, options, ParallelPlan{}, {});
+}
+
 ParallelPlan parallelize(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
                          const ParallelizeOptions& options) {
   ParallelPlan result = plan_parallelism(model, mesh, memory_budget_bytes, options);
-  if (options.print && mesh.is_member() && mesh.coordinate() == std::vector<int64_t>(static_cast<size_t>(mesh.ndim()), 0))
-    std::printf("parallelize on %s (budget %s per rank, step of [%lld, %lld] tokens%s, %s):\n%s",
-                mesh.to_string().c_str(), memory_budget_bytes > 0 ? mib(memory_budget_bytes).c_str() : "none",
-                static_cast<long long>(options.batch), static_cast<long long>(options.seq),
-                result.pipeline_axis.empty()
-                    ? ""
-                    : (" in " + std::to_string(result.microbatches) + " microbatches").c_str(),
-                result.cost.to_string().c_str(), result.to_string().c_str());
+  print_plan(result, mesh, memory_budget_bytes, options);
   apply_plan(model, result.chosen);
   return result;
 }
 
+ParallelPlan parallelize(nn::Module& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
+                         const ParallelizeOptions& options) {
+  if (auto* lm = dynamic_cast<nn::TransformerLM*>(&model)) return parallelize(*lm, mesh, memory_budget_bytes, options);
+  TESSERA_CHECK(mesh.spec() == model.mesh().spec(), ShardingError, "parallelize", "the model lives on ",
+                model.mesh().to_string(), ", not on ", mesh.to_string());
+  ParallelPlan result = plan_parallelism(model, memory_budget_bytes, options);
+  print_plan(result, mesh, memory_budget_bytes, options);
+  apply(model, result.chosen, options.tp_plan);
+  return result;
+}
+
 void apply_plan(nn::TransformerLM& model, const PlanEstimate& plan) {
-  if (!plan.tp_axis.empty()) nn::parallelize_module(model, plan.tp_axis, nn::transformer_tp_plan(plan.sequence_parallel));
-  if (plan.fsdp && plan.fsdp_modules.empty()) nn::fully_shard(model, plan.dp_axes.front());
-  for (const std::string& module : plan.fsdp_modules) nn::fully_shard(model.submodule(module), plan.dp_axes.front());
+  apply(model, plan, nn::transformer_tp_plan(plan.sequence_parallel));
+}
+
+void apply_plan(nn::Module& model, const PlanEstimate& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan) {
+  apply(model, plan, tp_plan);
 }
 
 Pipeline make_pipeline(nn::TransformerLM& model, const ParallelPlan& plan) {

@@ -28,6 +28,8 @@
 // minimise the slowest stage among those whose memory fits (a 1F1B stage s holds min(n, S - s)
 // microbatches' activations, GPipe n).
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +37,7 @@
 #include <tessera/core/export.hpp>
 #include <tessera/mpmd/pipeline.hpp>
 #include <tessera/nn/layers.hpp>
+#include <tessera/nn/parallel.hpp>
 #include <tessera/sharding/cost_model.hpp>
 
 namespace tessera TESSERA_API {
@@ -63,6 +66,11 @@ struct ParallelizeOptions {
   /// splitting it; empty: measured at each plan's per-rank share of the microbatch (the median
   /// of three, the slowest rank's).
   std::vector<double> unit_us;
+  /// A module other than TransformerLM: its tensor parallel plan (parallelize_module's; empty:
+  /// no tensor parallel candidates) and the loss of an unsharded batch of `rows` rows on its mesh
+  /// (what parallelize times; activations are priced as [rows, seq, features]).
+  std::map<std::string, nn::ParallelStyle> tp_plan;
+  std::function<DTensor(int64_t rows)> loss;
   /// Ranks sharing each core (a pipeline's step is at least its host's work over its cores); 0:
   /// this host's ranks over std::thread::hardware_concurrency(), at least 1.
   double ranks_per_core = 0;
@@ -121,10 +129,20 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, int64_t memory_budget_by
 ParallelPlan parallelize(nn::TransformerLM& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
                          const ParallelizeOptions& options = {});
 
+/// Any module (a TransformerLM goes to the overloads above): DDP, FSDP (of every module or, under
+/// a budget, of some) and, with options.tp_plan, tensor parallel plans and their 2-d
+/// combinations, each module owning parameters a unit. The step is timed by options.loss unless
+/// unsharded_step_us is given. Throws ValueError for a pipeline axis or no way to time the step.
+ParallelPlan plan_parallelism(nn::Module& model, int64_t memory_budget_bytes, const ParallelizeOptions& options);
+ParallelPlan parallelize(nn::Module& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
+                         const ParallelizeOptions& options);
+
 /// Applies one candidate to an unsharded model on its mesh (a stage's mesh for a pipeline):
 /// parallelize_module over the tp axis, fully_shard over the dp axis (on fsdp_modules only where
 /// given). parallelize applies its choice so.
 void apply_plan(nn::TransformerLM& model, const PlanEstimate& plan);
+/// The same for any module, with its tensor parallel plan.
+void apply_plan(nn::Module& model, const PlanEstimate& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan);
 
 /// The pipeline of a plan with a pipeline axis: stage s runs plan.chosen.stages[s]'s modules of
 /// `model` (this rank's copy) on plan.stage_meshes[s], the loss the model's next-token

@@ -324,3 +324,60 @@ TEST(Parallelize, PipelineAxisErrors) {
     EXPECT_TRUE(throws_with<ValueError>([&] { make_pipeline(whole_model, flat); }, {"[make_pipeline]", "no pipeline axis"}));
   });
 }
+
+// Any module, with the tensor parallel plan its author gives (here an MLP, fc1 column- and fc2
+// row-parallel): the obvious plans where they are known, FSDP of one layer only under a budget
+// between DDP's and FSDP's, the applied plan computing the unsharded output, and the errors.
+TEST(Parallelize, AnyModuleWithItsTensorParallelPlan) {
+  for_each_world({4}, [] {
+    const DeviceMesh mesh({world_size()}, {"x"});
+    constexpr int64_t kDim = 32, kSeq = 4;
+    manual_seed(9);
+    nn::MLP mlp(mesh, kDim, 512);
+    manual_seed(9);
+    nn::MLP reference(mesh, kDim, 512);
+    const auto input = [&](int64_t rows, const Placements& placements) {
+      const Tensor values = sin(arange(rows * kSeq * kDim).to(DType::f32) * 0.37).reshape({rows, kSeq, kDim});
+      return distribute_tensor(values, mesh, placements);
+    };
+    ParallelizeOptions options = shapes(1, kSeq);
+    options.tp_plan = {{"fc1", nn::ColwiseParallel{}}, {"fc2", nn::RowwiseParallel{}}};
+    options.loss = [&](int64_t rows) { return sum(mlp.forward(input(rows, {Replicate{}}))); };
+    // Four tokens against 33k parameters: tensor parallel; 16k tokens: data parallel.
+    EXPECT_EQ(plan_parallelism(mlp, 0, options).chosen.name, "tp(x)") << plan_parallelism(mlp, 0, options).to_string();
+    ParallelizeOptions many = options;
+    many.batch = 4096;
+    EXPECT_EQ(plan_parallelism(mlp, 0, many).chosen.name, "ddp(x)") << plan_parallelism(mlp, 0, many).to_string();
+    // The step timed by the module's own loss (no given time): every candidate priced.
+    ParallelizeOptions timed = options;
+    timed.unsharded_step_us = 0;
+    const ParallelPlan measured = plan_parallelism(mlp, 0, timed);
+    ASSERT_EQ(measured.candidates.size(), 3u) << measured.to_string();
+    for (const PlanEstimate& e : measured.candidates) EXPECT_GT(e.compute_us, 0) << e.name;
+    // Each module owning parameters is a unit: under a budget a quarter of the way from DDP's
+    // footprint to FSDP's (sharding one layer saves half of the difference, less its gather),
+    // FSDP covers one of the two layers.
+    ParallelizeOptions mid = many;
+    mid.tp_plan.clear();
+    const ParallelPlan free = plan_parallelism(mlp, 0, mid);
+    const int64_t budget = free.candidates[0].memory_bytes - (free.candidates[0].memory_bytes - free.candidates[1].memory_bytes) / 4;
+    const ParallelPlan tight = plan_parallelism(mlp, budget, mid);
+    EXPECT_EQ(tight.chosen.fsdp_modules.size(), 1u) << tight.to_string();
+    EXPECT_LE(tight.chosen.memory_bytes, budget);
+    // Applied (tensor parallel here): the output equals the unsharded module's.
+    const ParallelPlan applied = parallelize(mlp, mesh, 0, options);
+    EXPECT_EQ(applied.chosen.name, "tp(x)");
+    EXPECT_FALSE(mlp.submodule("fc1").parameter("weight").layout().is_replicated());
+    EXPECT_TRUE(allclose(mlp.forward(input(3, applied.data)).full_tensor(),
+                         reference.forward(input(3, {Replicate{}})).full_tensor(), 1e-5, 1e-6));
+    // Errors: no way to time the step; a pipeline axis on a module that is not cut into units.
+    nn::MLP fresh(mesh, kDim, 64);
+    ParallelizeOptions untimed = options;
+    untimed.unsharded_step_us = 0;
+    untimed.loss = nullptr;
+    EXPECT_TRUE(throws_with<ValueError>([&] { plan_parallelism(fresh, 0, untimed); }, {"[parallelize]", "ParallelizeOptions::loss"}));
+    ParallelizeOptions piped = options;
+    piped.pipeline_axis = "x";
+    EXPECT_TRUE(throws_with<ValueError>([&] { plan_parallelism(fresh, 0, piped); }, {"[parallelize]", "TransformerLM"}));
+  });
+}
