@@ -6,10 +6,14 @@
 // same model (same seed) on one device, checks that both end with the same parameters, and
 // prints the schedule, the bubble and what moved. Exits 1 if the check fails.
 //
+// With --parallelize, mpmd::parallelize chooses the stage boundaries and the plan inside each
+// stage (printing every candidate's estimate) and make_pipeline runs it.
+//
 // With --interleaved the model is cut into four chunks (embeddings, block 0, block 1, norm and
 // head) cycling over the two stage meshes, each rank running two (Megatron's interleaved 1F1B).
 //
-// Run: train_pipeline --ranks 8 [--steps 10 --microbatches 4 --gpipe | --interleaved] (threads), or
+// Run: train_pipeline --ranks 8 [--steps 10 --microbatches 4 --gpipe | --interleaved | --parallelize]
+// (threads), or
 // mpirun -np 8 train_pipeline. Any even world works (dp 2 where the stage's ranks are even; --ranks 4: dp 2 x tp 1).
 #include <algorithm>
 #include <cmath>
@@ -35,6 +39,7 @@ struct Options {
   int64_t microbatches = 4;
   bool gpipe = false;
   bool interleaved = false;
+  bool parallelize = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -44,6 +49,7 @@ Options parse(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--microbatches") && i + 1 < argc) o.microbatches = std::atoll(argv[i + 1]);
     if (!std::strcmp(argv[i], "--gpipe")) o.gpipe = true;
     if (!std::strcmp(argv[i], "--interleaved")) o.interleaved = true;
+    if (!std::strcmp(argv[i], "--parallelize")) o.parallelize = true;
   }
   return o;
 }
@@ -93,15 +99,25 @@ int main(int argc, char** argv) {
     const DeviceMesh& mesh = stage_meshes[static_cast<size_t>(my_stage)];
     manual_seed(2024);
     nn::TransformerLM model(mesh, config);
-    nn::parallelize_module(model, "tp", nn::transformer_tp_plan());
-    nn::fully_shard(model, "dp");
+    std::optional<mpmd::ParallelPlan> plan;
+    if (options.parallelize) {
+      mpmd::ParallelizeOptions choose;
+      choose.batch = kRows;
+      choose.seq = config.max_seq;
+      choose.pipeline_axis = "pp";
+      choose.microbatches = options.microbatches;
+      plan = mpmd::parallelize(model, mm.global(), 0, choose);
+    } else {
+      nn::parallelize_module(model, "tp", nn::transformer_tp_plan());
+      nn::fully_shard(model, "dp");
+    }
     std::vector<std::string> my_paths = kStagePaths[static_cast<size_t>(my_stage)];
     if (options.interleaved) {
       my_paths = kChunkPaths[static_cast<size_t>(my_stage)];
       my_paths.insert(my_paths.end(), kChunkPaths[static_cast<size_t>(my_stage + 2)].begin(),
                       kChunkPaths[static_cast<size_t>(my_stage + 2)].end());
     }
-    const std::vector<DTensor*> params = parameters_under(model, my_paths);
+    const std::vector<DTensor*> params = plan ? mpmd::stage_parameters(model, *plan) : parameters_under(model, my_paths);
     nn::AdamW optimizer(params, 3e-3, 0.9, 0.99, 1e-8, 0.01);
 
     const auto block = [&](int64_t i) -> const nn::TransformerBlock& {
@@ -128,24 +144,26 @@ int main(int argc, char** argv) {
                                 : options.gpipe     ? mpmd::Schedule::gpipe
                                                     : mpmd::Schedule::one_f_one_b;
     pipeline_options.microbatches = options.microbatches;
-    mpmd::Pipeline pipeline(stages, next_token_loss, pipeline_options);
+    mpmd::Pipeline pipeline = plan ? mpmd::make_pipeline(model, *plan) : mpmd::Pipeline(stages, next_token_loss, pipeline_options);
 
     if (speaker) {
       std::cout << "Pipeline-parallel training of a " << config.layers << "-layer transformer LM on "
                 << mm.global().to_string() << " ("
                 << (options.interleaved ? "interleaved 1F1B" : options.gpipe ? "GPipe" : "1F1B") << ", "
                 << options.microbatches << " microbatches of a batch of " << kRows << ")\n";
-      const auto& paths = options.interleaved ? kChunkPaths : kStagePaths;
+      const auto& paths = plan ? plan->chosen.stages : options.interleaved ? kChunkPaths : kStagePaths;
       for (size_t s = 0; s < paths.size(); ++s) {
         std::cout << "  stage " << s << " on " << stage_meshes[s % 2].to_string() << ":";
         for (const std::string& p : paths[s]) std::cout << ' ' << p;
         std::cout << "\n";
       }
-      std::cout << "  inside each stage: tp splits heads, MLP hidden and vocabulary; dp splits the batch, "
-                   "parameters fully sharded\n\nschedule:\n"
+      std::cout << "  inside each stage: "
+                << (plan ? plan->chosen.name
+                         : "tp splits heads, MLP hidden and vocabulary; dp splits the batch, parameters fully sharded")
+                << "\n\nschedule:\n"
                 << pipeline.describe() << "\n";
     }
-    const Placements data{Shard{0}, Replicate{}};
+    const Placements data = plan ? plan->data : Placements{Shard{0}, Replicate{}};
     std::string step_comm;
     double loss = 0;
     for (int step = 0; step < options.steps; ++step) {
