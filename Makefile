@@ -4,7 +4,8 @@
 #   make demo                        install missing deps, build, run examples/tensor_demo,
 #                                    examples/mesh_demo, examples/dtensor_demo, the main example
 #                                    examples/train_lm and examples/heat_domain (4 in-process ranks),
-#                                    examples/train_pipeline (8 ranks: pp2 x dp2 x tp2, 1F1B)
+#                                    examples/train_pipeline (8 ranks: pp2 x dp2 x tp2, 1F1B),
+#                                    examples/controller_demo (a single controller, 4 workers)
 #   make demo-xla                    install missing deps, build, run the torch_xla / JAX translations
 #                                    over tessera/spec: examples/xla_mlp (8 in-process ranks) and
 #                                    examples/jax_shard_map (4 ranks)
@@ -86,13 +87,14 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 demo: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo mesh_demo dtensor_demo train_lm heat_domain train_pipeline
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target tensor_demo mesh_demo dtensor_demo train_lm heat_domain train_pipeline controller_demo
 	$(BUILD_DIR)/examples/tensor_demo
 	$(BUILD_DIR)/examples/mesh_demo --ranks 4
 	$(BUILD_DIR)/examples/dtensor_demo --ranks 4
 	$(BUILD_DIR)/examples/train_lm --ranks 4
 	$(BUILD_DIR)/examples/heat_domain --ranks 4
 	$(BUILD_DIR)/examples/train_pipeline --ranks 8
+	$(BUILD_DIR)/examples/controller_demo
 
 demo-xla: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target xla_mlp jax_shard_map

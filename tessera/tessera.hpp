@@ -36,3 +36,4 @@
 #include <tessera/mpmd/parallelize.hpp>
 #include <tessera/mpmd/pipeline.hpp>
 #include <tessera/mpmd/task.hpp>
+#include <tessera/controller/controller.hpp>

@@ -1,0 +1,358 @@
+#include <tessera/controller/controller.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include <tessera/controller/detail/command.hpp>
+#include <tessera/core/error.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+namespace tessera::controller {
+
+namespace detail {
+
+namespace {
+std::atomic<ControllerState*> running{nullptr};
+}  // namespace
+
+ControllerState* current() { return running.load(); }
+
+ControllerState& require(const char* call) {
+  ControllerState* state = current();
+  TESSERA_CHECK(state != nullptr, ValueError, call, "no controller is running (call it inside controller::run's body)");
+  return *state;
+}
+
+TensorHandle::~TensorHandle() {
+  // The workers drop the tensor once every op enqueued before has run. After shutdown there is
+  // nothing to drop.
+  ControllerState* state = current();
+  if (!state) return;
+  auto command = std::make_shared<Command>();
+  command->kind = Command::Kind::drop;
+  command->mesh = mesh.id();
+  command->output = id;
+  state->send(mesh.spec().ranks(), std::move(command));
+}
+
+}  // namespace detail
+
+namespace {
+
+// "mesh[gpu=2] on workers [0, 1]": the workers are what tells two slices of one shape apart.
+std::string describe(const WorkerMesh& mesh) {
+  std::string text = mesh.spec().to_string();
+  text = text.substr(0, text.find(" ranks")) + " on workers [";
+  for (size_t i = 0; i < mesh.spec().ranks().size(); ++i) text += (i ? ", " : "") + std::to_string(mesh.spec().ranks()[i]);
+  return text + "]";
+}
+
+int ranks_from(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (!std::strcmp(argv[i], "--ranks")) return std::atoi(argv[i + 1]);
+  if (const char* env = std::getenv("TESSERA_RANKS")) return std::atoi(env);
+  return 4;
+}
+
+}  // namespace
+
+int run(int argc, char** argv, std::function<void()> body) {
+  TESSERA_CHECK(!in_rank() && !detail::current(), ValueError, "controller::run",
+                "called inside a rank or a running controller; the controller is the program's main thread");
+  const int workers = ranks_from(argc, argv);
+  TESSERA_CHECK(workers >= 1, ValueError, "controller::run", "--ranks must be at least 1, got ", workers);
+  detail::ControllerState state;
+  state.workers = workers;
+  for (int r = 0; r < workers; ++r) state.queues.push_back(std::make_unique<detail::CommandQueue>());
+  // The workers: one in-process world running its queues until stopped.
+  std::exception_ptr worker_failure;
+  std::thread pool([&] {
+    try {
+      launch(workers, [&] { detail::worker_loop(*state.queues[static_cast<size_t>(rank())]); });
+    } catch (...) {
+      worker_failure = std::current_exception();
+    }
+  });
+  detail::running.store(&state);
+  int status = 0;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "controller: %s\n", e.what());
+    status = 1;
+  }
+  // Every worker finishes what was queued, then stops; handles dropped after this send nothing.
+  detail::running.store(nullptr);
+  auto stop = std::make_shared<detail::Command>();
+  stop->kind = detail::Command::Kind::stop;
+  for (auto& q : state.queues) q->push(stop);
+  pool.join();
+  if (worker_failure) {
+    try {
+      std::rethrow_exception(worker_failure);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "controller: a worker failed: %s\n", e.what());
+    }
+    status = 1;
+  }
+  return status;
+}
+
+int num_workers() { return detail::require("controller::num_workers").workers; }
+
+template <class T>
+T Future<T>::get() const {
+  std::unique_lock<std::mutex> lock(state_->mutex);
+  state_->ready_cv.wait(lock, [&] { return state_->done; });
+  if (!state_->error.empty()) throw CommError(state_->error);
+  return *state_->value;
+}
+
+template <class T>
+bool Future<T>::ready() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->done;
+}
+
+template class Future<Tensor>;
+template class Future<Layout>;
+
+WorkerMesh::WorkerMesh(std::vector<int64_t> shape, std::vector<std::string> names) {
+  detail::ControllerState& state = detail::require("WorkerMesh");
+  int64_t points = 1;
+  for (int64_t n : shape) points *= n;
+  TESSERA_CHECK(points == state.workers, ShardingError, "WorkerMesh", "a mesh of shape ", Shape(shape).to_string(),
+                " has ", points, " points; there are ", state.workers, " workers");
+  std::vector<int> ranks(static_cast<size_t>(state.workers));
+  for (int r = 0; r < state.workers; ++r) ranks[static_cast<size_t>(r)] = r;
+  spec_ = MeshSpec(Shape(shape), names, ranks);
+  id_ = state.next_mesh++;
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::make_mesh;
+  command->mesh = id_;
+  command->mesh_shape = std::move(shape);
+  command->mesh_names = std::move(names);
+  state.send(spec_.ranks(), std::move(command));  // collective among all workers
+}
+
+WorkerMesh WorkerMesh::slice(const std::map<std::string, int64_t>& at) const {
+  detail::ControllerState& state = detail::require("WorkerMesh::slice");
+  std::vector<int64_t> fixed(static_cast<size_t>(spec_.ndim()), -1);
+  for (const auto& [axis, index] : at) {
+    const int64_t d = spec_.dim_of(axis, "WorkerMesh::slice");
+    TESSERA_CHECK(index >= 0 && index < spec_.size(d), ShardingError, "WorkerMesh::slice", "index ", index,
+                  " is outside axis '", axis, "' of ", spec_.to_string());
+    fixed[static_cast<size_t>(d)] = index;
+  }
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  for (int64_t d = 0; d < spec_.ndim(); ++d)
+    if (fixed[static_cast<size_t>(d)] < 0) shape.push_back(spec_.size(d)), names.push_back(spec_.names()[static_cast<size_t>(d)]);
+  std::vector<int> ranks;
+  for (int r : spec_.ranks()) {
+    const std::vector<int64_t>& c = spec_.coordinate_of(r);
+    bool inside = true;
+    for (size_t d = 0; d < c.size(); ++d) inside = inside && (fixed[d] < 0 || fixed[d] == c[d]);
+    if (inside) ranks.push_back(r);
+  }
+  const int64_t id = state.next_mesh++;
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::slice_mesh;
+  command->mesh = id;
+  command->parent = id_;
+  command->at = at;
+  state.send(spec_.ranks(), std::move(command));  // every worker of the parent holds the slice's handle
+  return WorkerMesh(MeshSpec(Shape(shape), names, ranks), id);
+}
+
+const WorkerMesh& RemoteTensor::mesh() const {
+  TESSERA_CHECK(handle_ != nullptr, ValueError, "RemoteTensor::mesh", "undefined RemoteTensor");
+  return handle_->mesh;
+}
+
+uint64_t RemoteTensor::id() const { return handle_ ? handle_->id : 0; }
+
+Layout RemoteTensor::layout() const {
+  TESSERA_CHECK(handle_ != nullptr, ValueError, "RemoteTensor::layout", "undefined RemoteTensor");
+  return Future<Layout>(handle_->layout).get();
+}
+
+Shape RemoteTensor::shape() const { return layout().global_shape(); }
+
+RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs, const std::vector<double>& scalars,
+                  const std::vector<int64_t>& ints, const WorkerMesh* mesh, const Shape& shape,
+                  const Placements& placements, DType dtype) {
+  detail::ControllerState& state = detail::require(op.c_str());
+  TESSERA_CHECK(detail::has_op(op), ValueError, "controller::call", "no op '", op, "' in the op table");
+  const WorkerMesh* on = mesh;
+  for (const RemoteTensor& t : inputs) {
+    TESSERA_CHECK(t.defined(), ValueError, op, "an input is an undefined RemoteTensor");
+    if (!on) on = &t.mesh();
+    TESSERA_CHECK(t.mesh().id() == on->id(), ShardingError, op, "inputs live on two meshes: ", describe(*on), " and ",
+                  describe(t.mesh()), "; move one onto the other's mesh first");
+  }
+  TESSERA_CHECK(on != nullptr, ShardingError, op, "no mesh: a factory needs one, an op an input");
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::run_op;
+  command->mesh = on->id();
+  command->op = op;
+  for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
+  command->args = detail::OpArgs{scalars, ints, shape, placements, dtype};
+  command->output = state.next_tensor++;
+  command->layout = std::make_shared<detail::FutureState<Layout>>();
+  RemoteTensor result = detail::TensorHandle::make(command->output, *on, command->layout);
+  state.send(on->spec().ranks(), std::move(command));
+  return result;
+}
+
+std::vector<std::string> op_names() {
+  std::vector<std::string> names = detail::table_op_names();
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+RemoteTensor zeros(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype) {
+  return call("zeros", {}, {}, {}, &mesh, shape, placements, dtype);
+}
+RemoteTensor ones(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype) {
+  return call("ones", {}, {}, {}, &mesh, shape, placements, dtype);
+}
+RemoteTensor full(const Shape& shape, double value, const WorkerMesh& mesh, Placements placements, DType dtype) {
+  return call("full", {}, {value}, {}, &mesh, shape, placements, dtype);
+}
+RemoteTensor randn(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype) {
+  return call("randn", {}, {}, {}, &mesh, shape, placements, dtype);
+}
+RemoteTensor rand(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype) {
+  return call("rand", {}, {}, {}, &mesh, shape, placements, dtype);
+}
+
+void manual_seed(uint64_t seed, const WorkerMesh& mesh) {
+  detail::ControllerState& state = detail::require("controller::manual_seed");
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::seed;
+  command->mesh = mesh.id();
+  command->args.ints = {static_cast<int64_t>(seed)};
+  state.send(mesh.spec().ranks(), std::move(command));
+}
+
+RemoteTensor add(const RemoteTensor& a, const RemoteTensor& b) { return call("add", {a, b}); }
+RemoteTensor sub(const RemoteTensor& a, const RemoteTensor& b) { return call("sub", {a, b}); }
+RemoteTensor mul(const RemoteTensor& a, const RemoteTensor& b) { return call("mul", {a, b}); }
+RemoteTensor div(const RemoteTensor& a, const RemoteTensor& b) { return call("div", {a, b}); }
+RemoteTensor matmul(const RemoteTensor& a, const RemoteTensor& b) { return call("matmul", {a, b}); }
+RemoteTensor scale(const RemoteTensor& a, double factor) { return call("mul_scalar", {a}, {factor}); }
+RemoteTensor neg(const RemoteTensor& a) { return call("neg", {a}); }
+RemoteTensor exp(const RemoteTensor& a) { return call("exp", {a}); }
+RemoteTensor tanh(const RemoteTensor& a) { return call("tanh", {a}); }
+RemoteTensor relu(const RemoteTensor& a) { return call("relu", {a}); }
+RemoteTensor gelu(const RemoteTensor& a) { return call("gelu", {a}); }
+RemoteTensor softmax(const RemoteTensor& a, int64_t dim) { return call("softmax", {a}, {}, {dim}); }
+RemoteTensor sum(const RemoteTensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  std::vector<int64_t> ints{keepdim ? 1 : 0};
+  ints.insert(ints.end(), dims.begin(), dims.end());
+  return call("sum", {a}, {}, ints);
+}
+RemoteTensor mean(const RemoteTensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  std::vector<int64_t> ints{keepdim ? 1 : 0};
+  ints.insert(ints.end(), dims.begin(), dims.end());
+  return call("mean", {a}, {}, ints);
+}
+RemoteTensor transpose(const RemoteTensor& a, int64_t dim0, int64_t dim1) { return call("transpose", {a}, {}, {dim0, dim1}); }
+RemoteTensor reshape(const RemoteTensor& a, const Shape& shape) { return call("reshape", {a}, {}, {}, nullptr, shape); }
+RemoteTensor redistribute(const RemoteTensor& a, const Placements& placements) {
+  return call("redistribute", {a}, {}, {}, nullptr, {}, placements);
+}
+
+namespace detail {
+
+namespace {
+std::mutex remote_mutex;
+std::map<std::string, RemoteFn>& remotes() {
+  static std::map<std::string, RemoteFn> table;
+  return table;
+}
+}  // namespace
+
+const RemoteFn* find_remote(const std::string& name) {
+  std::lock_guard<std::mutex> lock(remote_mutex);
+  const auto it = remotes().find(name);
+  return it == remotes().end() ? nullptr : &it->second;
+}
+
+}  // namespace detail
+
+void register_remote(const std::string& name, RemoteFunction fn) {
+  TESSERA_CHECK(!name.empty() && fn, ValueError, "register_remote", "needs a name and a function");
+  std::lock_guard<std::mutex> lock(detail::remote_mutex);
+  TESSERA_CHECK(detail::remotes().emplace(name, std::move(fn)).second, ValueError, "register_remote", "'", name,
+                "' is registered already");
+}
+
+std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh& mesh,
+                                      const std::vector<RemoteTensor>& inputs, int64_t outputs) {
+  detail::ControllerState& state = detail::require("call_remote");
+  TESSERA_CHECK(detail::find_remote(name) != nullptr, ValueError, "call_remote", "no remote function '", name,
+                "' (register_remote it before controller::run)");
+  TESSERA_CHECK(outputs >= 0, ValueError, "call_remote", "outputs = ", outputs);
+  for (const RemoteTensor& t : inputs) {
+    TESSERA_CHECK(t.defined(), ValueError, "call_remote", "an input of '", name, "' is an undefined RemoteTensor");
+    TESSERA_CHECK(t.mesh().id() == mesh.id(), ShardingError, "call_remote", "'", name, "' runs on ", describe(mesh),
+                  "; an input lives on ", describe(t.mesh()));
+  }
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::run_op;
+  command->remote = true;
+  command->mesh = mesh.id();
+  command->op = name;
+  for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
+  std::vector<RemoteTensor> results;
+  for (int64_t i = 0; i < outputs; ++i) {
+    command->outputs.push_back(state.next_tensor++);
+    command->layouts.push_back(std::make_shared<detail::FutureState<Layout>>());
+    results.push_back(detail::TensorHandle::make(command->outputs.back(), mesh, command->layouts.back()));
+  }
+  state.send(mesh.spec().ranks(), std::move(command));
+  return results;
+}
+
+Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& coordinate) {
+  detail::ControllerState& state = detail::require("fetch_shard");
+  TESSERA_CHECK(t.defined(), ValueError, "fetch_shard", "undefined RemoteTensor");
+  const MeshSpec& spec = t.mesh().spec();
+  TESSERA_CHECK(static_cast<int64_t>(coordinate.size()) == spec.ndim(), ShardingError, "fetch_shard", "coordinate of ",
+                coordinate.size(), " dims on ", spec.to_string());
+  for (size_t d = 0; d < coordinate.size(); ++d)
+    TESSERA_CHECK(coordinate[d] >= 0 && coordinate[d] < spec.size(static_cast<int64_t>(d)), ShardingError,
+                  "fetch_shard", "coordinate ", Shape(coordinate).to_string(), " is outside ", describe(t.mesh()));
+  const int worker = spec.rank_at(coordinate);
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::fetch_shard;
+  command->mesh = t.mesh().id();
+  command->output = t.id();
+  command->reply = std::make_shared<detail::FutureState<Tensor>>();
+  Future<Tensor> future(command->reply);
+  state.send({worker}, std::move(command));
+  return future;
+}
+
+Future<Tensor> fetch_full(const RemoteTensor& t) {
+  detail::ControllerState& state = detail::require("fetch_full");
+  TESSERA_CHECK(t.defined(), ValueError, "fetch_full", "undefined RemoteTensor");
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::fetch_full;
+  command->mesh = t.mesh().id();
+  command->output = t.id();
+  command->reply = std::make_shared<detail::FutureState<Tensor>>();
+  Future<Tensor> future(command->reply);
+  state.send(t.mesh().spec().ranks(), std::move(command));
+  return future;
+}
+
+}  // namespace tessera::controller

@@ -1,0 +1,175 @@
+#pragma once
+// Monarch's single controller: one program, the controller, drives meshes of workers. Every op
+// it issues on a RemoteTensor is enqueued, without waiting, to every worker of the tensor's mesh;
+// each worker runs its queue in order on DTensor (so the ops are the op library's, sharded as
+// in SPMD code). The controller never holds tensor data: results come back only through
+// fetch_shard / fetch_full futures, and an error raised on a worker surfaces at the future that
+// needs the failed value, naming the worker's rank.
+//
+//   controller::run(argc, argv, [] {
+//     controller::WorkerMesh mesh({2, 2}, {"dp", "tp"});
+//     auto x = controller::randn({8, 4}, mesh, {Shard{0}, Replicate{}});
+//     auto y = controller::relu(controller::matmul(x, controller::transpose(x, 0, 1)));
+//     Tensor whole = controller::fetch_full(y).get();
+//   });
+//
+// Workers are in-process threads (--ranks N, the threads backend). Commands are data (an op's
+// name and its arguments), not closures, so that another transport can carry them.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <tessera/core/export.hpp>
+#include <tessera/core/tensor.hpp>
+#include <tessera/mesh/mesh_spec.hpp>
+#include <tessera/sharding/placement.hpp>
+
+namespace tessera TESSERA_API {
+
+class Layout;
+class DTensor;
+class DeviceMesh;
+
+namespace controller {
+
+namespace detail {
+template <class T>
+struct FutureState;
+struct TensorHandle;
+}  // namespace detail
+
+/// Runs `body` once, on the controller (the calling thread), with --ranks N (or TESSERA_RANKS,
+/// default 4) workers as in-process threads. When body returns every worker finishes the work
+/// queued before, then stops. Returns 0, or 1 after printing the error if body threw (the
+/// workers are stopped either way). Throws ValueError when called inside a rank or a controller.
+int run(int argc, char** argv, std::function<void()> body);
+
+/// The number of workers. Throws ValueError outside run's body.
+int num_workers();
+
+/// A result that a worker delivers later. get() blocks until it arrives; a failure on the worker
+/// is thrown there as a CommError naming the worker's rank and its message.
+template <class T>
+class Future {
+ public:
+  explicit Future(std::shared_ptr<detail::FutureState<T>> state) : state_(std::move(state)) {}
+  T get() const;
+  bool ready() const;
+
+ private:
+  std::shared_ptr<detail::FutureState<T>> state_;
+};
+
+extern template class Future<Tensor>;
+extern template class Future<Layout>;
+
+/// A mesh of workers, as the controller sees it: a shape, axis names and the worker ranks. Each
+/// worker holds the matching DeviceMesh. Construction enqueues the mesh's creation on every
+/// worker (it is collective among them); slice() is local.
+class WorkerMesh {
+ public:
+  /// Every worker, row-major over `shape` (its size must be num_workers()). Throws ShardingError
+  /// as DeviceMesh does.
+  WorkerMesh(std::vector<int64_t> shape, std::vector<std::string> names);
+  /// The submesh at fixed coordinates of some axes (Monarch's slice_mesh): a mesh of the
+  /// remaining axes. Throws ShardingError for an unknown axis or an index out of range.
+  WorkerMesh slice(const std::map<std::string, int64_t>& at) const;
+  const MeshSpec& spec() const { return spec_; }
+  std::string to_string() const { return spec_.to_string(); }
+  int64_t id() const { return id_; }
+
+ private:
+  WorkerMesh(MeshSpec spec, int64_t id) : spec_(std::move(spec)), id_(id) {}
+  MeshSpec spec_;
+  int64_t id_ = -1;
+};
+
+/// A handle of a DTensor whose shards live on the workers of a mesh. Copies share the handle;
+/// when the last copy goes, the workers drop the tensor.
+class RemoteTensor {
+ public:
+  RemoteTensor() = default;
+  const WorkerMesh& mesh() const;
+  bool defined() const { return handle_ != nullptr; }
+  /// The layout (shape, dtype, placements), as the mesh's first worker reports it after running
+  /// the op that made this tensor: waits for that op. Throws as the op failed.
+  Layout layout() const;
+  Shape shape() const;
+  uint64_t id() const;
+
+ private:
+  explicit RemoteTensor(std::shared_ptr<detail::TensorHandle> handle) : handle_(std::move(handle)) {}
+  std::shared_ptr<detail::TensorHandle> handle_;
+  friend struct detail::TensorHandle;
+  friend RemoteTensor call(const std::string&, const std::vector<RemoteTensor>&, const std::vector<double>&,
+                           const std::vector<int64_t>&, const WorkerMesh*, const Shape&, const Placements&, DType);
+  friend std::vector<RemoteTensor> call_remote(const std::string&, const WorkerMesh&, const std::vector<RemoteTensor>&,
+                                               int64_t);
+};
+
+/// Any op of the op table by name (the typed functions below call it): inputs on one mesh,
+/// scalar and integer arguments as the op takes them; factories take `mesh`, `shape`,
+/// `placements` and `dtype`. The op runs on every worker of the mesh, after everything enqueued
+/// there before. Throws ValueError for an unknown op, ShardingError for inputs on two meshes
+/// (naming both) or on none.
+RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs, const std::vector<double>& scalars = {},
+                  const std::vector<int64_t>& ints = {}, const WorkerMesh* mesh = nullptr, const Shape& shape = {},
+                  const Placements& placements = {}, DType dtype = DType::f32);
+/// The names call() accepts.
+std::vector<std::string> op_names();
+
+// Factories: each worker makes its block.
+RemoteTensor zeros(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype = DType::f32);
+RemoteTensor ones(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype = DType::f32);
+RemoteTensor full(const Shape& shape, double value, const WorkerMesh& mesh, Placements placements, DType dtype = DType::f32);
+/// Standard normal / uniform [0, 1): each worker draws from its generator, seeded by manual_seed.
+RemoteTensor randn(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype = DType::f32);
+RemoteTensor rand(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype = DType::f32);
+/// manual_seed(seed) on every worker of `mesh`: the same draws as SPMD code after manual_seed.
+void manual_seed(uint64_t seed, const WorkerMesh& mesh);
+
+// Ops (DTensor's): enqueued on the inputs' mesh.
+RemoteTensor add(const RemoteTensor& a, const RemoteTensor& b);
+RemoteTensor sub(const RemoteTensor& a, const RemoteTensor& b);
+RemoteTensor mul(const RemoteTensor& a, const RemoteTensor& b);
+RemoteTensor div(const RemoteTensor& a, const RemoteTensor& b);
+RemoteTensor matmul(const RemoteTensor& a, const RemoteTensor& b);
+RemoteTensor scale(const RemoteTensor& a, double factor);
+RemoteTensor neg(const RemoteTensor& a);
+RemoteTensor exp(const RemoteTensor& a);
+RemoteTensor tanh(const RemoteTensor& a);
+RemoteTensor relu(const RemoteTensor& a);
+RemoteTensor gelu(const RemoteTensor& a);
+RemoteTensor softmax(const RemoteTensor& a, int64_t dim);
+RemoteTensor sum(const RemoteTensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+RemoteTensor mean(const RemoteTensor& a, const std::vector<int64_t>& dims = {}, bool keepdim = false);
+RemoteTensor transpose(const RemoteTensor& a, int64_t dim0, int64_t dim1);
+RemoteTensor reshape(const RemoteTensor& a, const Shape& shape);
+/// DTensor::redistribute on the workers (the planner's collectives).
+RemoteTensor redistribute(const RemoteTensor& a, const Placements& placements);
+
+/// Registers a remote function under `name`: SPMD code that every worker of a mesh runs with the
+/// mesh and its DTensors (the RemoteTensor arguments' shards), returning DTensors that become
+/// RemoteTensors. State it keeps between calls belongs in rank_state (per worker).
+/// Register before run (every worker process must know it); a worker's exception fails the
+/// call's results. Throws ValueError for an empty name or one registered twice.
+using RemoteFunction = std::function<std::vector<DTensor>(const DeviceMesh& mesh, const std::vector<DTensor>& inputs)>;
+void register_remote(const std::string& name, RemoteFunction fn);
+/// Calls the remote function `name` on `mesh` (Monarch's remote(fn).call_on(mesh)) with `inputs`
+/// (on that mesh) and returns its `outputs` results, enqueued without waiting. Throws ValueError
+/// for an unknown name, ShardingError for an input on another mesh.
+std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh& mesh,
+                                      const std::vector<RemoteTensor>& inputs, int64_t outputs = 1);
+
+/// The local block of the worker at `coordinate` of the tensor's mesh (a clone). Throws
+/// ShardingError at the call for a coordinate outside the mesh.
+Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& coordinate);
+/// The whole tensor (full_tensor on every worker of the mesh; the first delivers it): for small
+/// tensors, as Monarch's inspect.
+Future<Tensor> fetch_full(const RemoteTensor& t);
+
+}  // namespace controller
+}  // namespace tessera

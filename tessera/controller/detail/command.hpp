@@ -1,0 +1,151 @@
+#pragma once
+// What the controller sends a worker: data only (an op's name and its arguments, tensor ids),
+// never code, so that a transport other than in-process queues can carry it. Replies (fetched
+// tensors, layouts, errors) go to futures the controller holds.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <tessera/controller/controller.hpp>
+#include <tessera/core/tensor.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/sharding/layout.hpp>
+
+namespace tessera::controller::detail {
+
+template <class T>
+struct FutureState {
+  std::mutex mutex;
+  std::condition_variable ready_cv;
+  std::optional<T> value;
+  std::string error;  // set instead of value on failure
+  bool done = false;
+
+  void set(T v) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (done) return;
+      value = std::move(v);
+      done = true;
+    }
+    ready_cv.notify_all();
+  }
+  void fail(std::string message) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (done) return;
+      error = std::move(message);
+      done = true;
+    }
+    ready_cv.notify_all();
+  }
+};
+
+/// The arguments of an op besides its input tensors.
+struct OpArgs {
+  std::vector<double> scalars;
+  std::vector<int64_t> ints;
+  Shape shape;
+  Placements placements;
+  DType dtype = DType::f32;
+};
+
+struct Command {
+  enum class Kind : uint8_t { make_mesh, slice_mesh, run_op, seed, fetch_shard, fetch_full, drop, stop };
+  Kind kind = Kind::stop;
+  int64_t mesh = -1;  // the mesh it runs on (make/slice: the new mesh's id)
+  // make_mesh / slice_mesh
+  std::vector<int64_t> mesh_shape;
+  std::vector<std::string> mesh_names;
+  int64_t parent = -1;
+  std::map<std::string, int64_t> at;
+  // run_op: an op of the table, or a remote function (remote = true) with several outputs
+  std::string op;
+  bool remote = false;
+  std::vector<uint64_t> inputs;
+  OpArgs args;
+  uint64_t output = 0;                                        // the op's (fetch, drop: the tensor)
+  std::shared_ptr<FutureState<Layout>> layout;                // the first worker reports it
+  std::vector<uint64_t> outputs;                              // a remote function's
+  std::vector<std::shared_ptr<FutureState<Layout>>> layouts;  // theirs
+  // fetch
+  std::shared_ptr<FutureState<Tensor>> reply;
+};
+
+/// One worker's queue: the controller pushes, the worker pops in order.
+class CommandQueue {
+ public:
+  void push(std::shared_ptr<const Command> command) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      commands_.push_back(std::move(command));
+    }
+    cv_.notify_one();
+  }
+  std::shared_ptr<const Command> pop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return !commands_.empty(); });
+    auto command = std::move(commands_.front());
+    commands_.pop_front();
+    return command;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<const Command>> commands_;
+};
+
+/// The controller's side while run's body executes: the workers' queues and the id counters.
+struct ControllerState {
+  int workers = 0;
+  std::vector<std::unique_ptr<CommandQueue>> queues;
+  std::atomic<uint64_t> next_tensor{1};
+  std::atomic<int64_t> next_mesh{0};
+  /// Sends `command` to every worker in `ranks`.
+  void send(const std::vector<int>& ranks, std::shared_ptr<const Command> command) {
+    for (int r : ranks) queues[static_cast<size_t>(r)]->push(command);
+  }
+};
+
+/// The running controller, or null outside run's body.
+ControllerState* current();
+/// Same, throwing ValueError naming `call` outside run's body.
+ControllerState& require(const char* call);
+
+/// A tensor's controller-side handle: its id, mesh, and the future of its layout. The last
+/// copy's destruction drops the tensor on the workers.
+struct TensorHandle {
+  TensorHandle(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout)
+      : id(id), mesh(std::move(mesh)), layout(std::move(layout)) {}
+  TensorHandle(const TensorHandle&) = delete;
+  TensorHandle& operator=(const TensorHandle&) = delete;
+  ~TensorHandle();
+
+  uint64_t id;
+  WorkerMesh mesh;
+  std::shared_ptr<FutureState<Layout>> layout;
+
+  static RemoteTensor make(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout) {
+    return RemoteTensor(std::make_shared<TensorHandle>(id, std::move(mesh), std::move(layout)));
+  }
+};
+
+/// Runs commands on this worker (a rank of the workers' world) until a stop command.
+void worker_loop(CommandQueue& queue);
+/// The remote functions registered by name (every worker of this process sees them).
+using RemoteFn = std::function<std::vector<DTensor>(const DeviceMesh&, const std::vector<DTensor>&)>;
+const RemoteFn* find_remote(const std::string& name);
+/// Whether the op table has `name`, and all its names.
+bool has_op(const std::string& name);
+std::vector<std::string> table_op_names();
+
+}  // namespace tessera::controller::detail

@@ -1,0 +1,224 @@
+// A worker: runs its queue's commands in order on DTensor. Each value lives in a table by id;
+// an op that throws leaves its output failed with the worker's message, and ops reading a failed
+// value fail alike (without running), so the error surfaces at whatever the controller fetches.
+#include <tessera/controller/detail/command.hpp>
+
+#include <functional>
+#include <unordered_map>
+
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/mesh/device_mesh.hpp>
+#include <tessera/ops/random.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+namespace tessera::controller::detail {
+
+namespace {
+
+using OpFn = std::function<DTensor(const std::vector<DTensor>&, const OpArgs&, const DeviceMesh&)>;
+
+int64_t int_at(const OpArgs& args, size_t i, int64_t otherwise) { return i < args.ints.size() ? args.ints[i] : otherwise; }
+
+std::vector<int64_t> dims_of(const OpArgs& args) {
+  // ints: [keepdim, dims...]
+  return std::vector<int64_t>(args.ints.begin() + (args.ints.empty() ? 0 : 1), args.ints.end());
+}
+
+// The op table: every unary, binary and comparison op of DTensor's elementwise table, and the
+// others by hand.
+const std::unordered_map<std::string, OpFn>& op_table() {
+  static const std::unordered_map<std::string, OpFn> table = [] {
+    std::unordered_map<std::string, OpFn> t;
+#define TESSERA_CONTROLLER_UNARY(name, ...) \
+  t[#name] = [](const std::vector<DTensor>& in, const OpArgs&, const DeviceMesh&) { return tessera::name(in.at(0)); };
+    TESSERA_UNARY_OPS(TESSERA_CONTROLLER_UNARY)
+#undef TESSERA_CONTROLLER_UNARY
+#define TESSERA_CONTROLLER_BINARY(name, ...)                                                                    \
+  t[#name] = [](const std::vector<DTensor>& in, const OpArgs&, const DeviceMesh&) {                             \
+    return tessera::name(in.at(0), in.at(1));                                                                   \
+  };                                                                                                            \
+  t[#name "_scalar"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) {                 \
+    return tessera::name(in.at(0), Scalar(a.scalars.at(0)));                                                    \
+  };
+    TESSERA_BINARY_OPS(TESSERA_CONTROLLER_BINARY)
+    TESSERA_COMPARISON_OPS(TESSERA_CONTROLLER_BINARY)
+#undef TESSERA_CONTROLLER_BINARY
+    t["matmul"] = [](const std::vector<DTensor>& in, const OpArgs&, const DeviceMesh&) { return matmul(in.at(0), in.at(1)); };
+    t["softmax"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) {
+      return softmax(in.at(0), a.ints.at(0));
+    };
+    t["sum"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) {
+      return sum(in.at(0), dims_of(a), int_at(a, 0, 0) != 0);
+    };
+    t["mean"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) {
+      return mean(in.at(0), dims_of(a), int_at(a, 0, 0) != 0);
+    };
+    t["transpose"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) {
+      return transpose(in.at(0), a.ints.at(0), a.ints.at(1));
+    };
+    t["reshape"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) { return reshape(in.at(0), a.shape); };
+    t["redistribute"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh& mesh) {
+      return in.at(0).redistribute(mesh, a.placements);
+    };
+    t["zeros"] = [](const std::vector<DTensor>&, const OpArgs& a, const DeviceMesh& mesh) {
+      return zeros(a.shape, mesh, a.placements, a.dtype);
+    };
+    t["ones"] = [](const std::vector<DTensor>&, const OpArgs& a, const DeviceMesh& mesh) {
+      return ones(a.shape, mesh, a.placements, a.dtype);
+    };
+    t["full"] = [](const std::vector<DTensor>&, const OpArgs& a, const DeviceMesh& mesh) {
+      return full(a.shape, a.scalars.at(0), mesh, a.placements, a.dtype);
+    };
+    t["randn"] = [](const std::vector<DTensor>&, const OpArgs& a, const DeviceMesh& mesh) {
+      return randn(a.shape, mesh, a.placements, a.dtype);
+    };
+    t["rand"] = [](const std::vector<DTensor>&, const OpArgs& a, const DeviceMesh& mesh) {
+      return rand(a.shape, mesh, a.placements, a.dtype);
+    };
+    return t;
+  }();
+  return table;
+}
+
+// A value, or why it failed.
+struct Value {
+  DTensor tensor;
+  std::string error;
+};
+
+std::string worker_error(const std::string& what) { return "worker rank " + std::to_string(rank()) + ": " + what; }
+
+// A remote function: the user's SPMD code on this worker's DTensors; its results become values.
+void run_remote(const Command& c, std::unordered_map<uint64_t, Value>& values, const DeviceMesh& mesh) {
+  std::string error;
+  std::vector<DTensor> inputs;
+  for (uint64_t id : c.inputs) {
+    const auto it = values.find(id);
+    if (it == values.end()) error = worker_error("[remote " + c.op + "] input tensor " + std::to_string(id) + " was dropped");
+    else if (!it->second.error.empty()) error = it->second.error;
+    if (!error.empty()) break;
+    inputs.push_back(it->second.tensor);
+  }
+  std::vector<DTensor> results;
+  if (error.empty()) {
+    try {
+      results = (*find_remote(c.op))(mesh, inputs);
+      if (results.size() != c.outputs.size())
+        error = worker_error("[remote " + c.op + "] returned " + std::to_string(results.size()) + " tensors; the call expects " +
+                             std::to_string(c.outputs.size()));
+    } catch (const std::exception& e) {
+      error = worker_error(e.what());
+    }
+  }
+  const bool reporter = mesh.spec().ranks().front() == rank();
+  for (size_t i = 0; i < c.outputs.size(); ++i) {
+    Value& out = values[c.outputs[i]];
+    if (error.empty()) out.tensor = results[i];
+    else out.error = error;
+    if (!reporter) continue;
+    if (error.empty()) c.layouts[i]->set(results[i].layout());
+    else c.layouts[i]->fail(error);
+  }
+}
+
+}  // namespace
+
+bool has_op(const std::string& name) { return op_table().count(name) > 0; }
+
+std::vector<std::string> table_op_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, fn] : op_table()) names.push_back(name);
+  return names;
+}
+
+void worker_loop(CommandQueue& queue) {
+  std::unordered_map<uint64_t, Value> values;
+  std::unordered_map<int64_t, DeviceMesh> meshes;
+  for (;;) {
+    const std::shared_ptr<const Command> command = queue.pop();
+    const Command& c = *command;
+    switch (c.kind) {
+      case Command::Kind::stop:
+        return;
+      case Command::Kind::make_mesh:
+        meshes.emplace(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names));
+        break;
+      case Command::Kind::slice_mesh:
+        meshes.emplace(c.mesh, meshes.at(c.parent).slice(c.at));
+        break;
+      case Command::Kind::seed:
+        tessera::manual_seed(static_cast<uint64_t>(c.args.ints.at(0)));
+        break;
+      case Command::Kind::drop:
+        values.erase(c.output);
+        break;
+      case Command::Kind::run_op: {
+        if (c.remote) {
+          run_remote(c, values, meshes.at(c.mesh));
+          break;
+        }
+        const DeviceMesh& mesh = meshes.at(c.mesh);
+        const bool reporter = mesh.spec().ranks().front() == rank();
+        Value& out = values[c.output];
+        std::vector<DTensor> inputs;
+        for (uint64_t id : c.inputs) {
+          const auto it = values.find(id);
+          if (it == values.end()) {
+            out.error = worker_error("[" + c.op + "] input tensor " + std::to_string(id) + " was dropped");
+          } else if (!it->second.error.empty()) {
+            out.error = it->second.error;  // a failed input fails the op alike
+          }
+          if (!out.error.empty()) break;
+          inputs.push_back(it->second.tensor);
+        }
+        if (out.error.empty()) {
+          try {
+            out.tensor = op_table().at(c.op)(inputs, c.args, mesh);
+          } catch (const std::exception& e) {
+            out.error = worker_error(e.what());
+          }
+        }
+        if (reporter && c.layout) {
+          if (out.error.empty())
+            c.layout->set(out.tensor.layout());
+          else
+            c.layout->fail(out.error);
+        }
+        break;
+      }
+      case Command::Kind::fetch_shard: {
+        const auto it = values.find(c.output);
+        if (it == values.end())
+          c.reply->fail(worker_error("[fetch_shard] tensor " + std::to_string(c.output) + " was dropped"));
+        else if (!it->second.error.empty())
+          c.reply->fail(it->second.error);
+        else
+          c.reply->set(it->second.tensor.to_local().clone());
+        break;
+      }
+      case Command::Kind::fetch_full: {
+        const DeviceMesh& mesh = meshes.at(c.mesh);
+        const auto it = values.find(c.output);
+        std::string error = it == values.end() ? worker_error("[fetch_full] tensor dropped") : it->second.error;
+        Tensor whole;
+        if (error.empty()) {
+          try {
+            whole = it->second.tensor.full_tensor();  // collective over the mesh
+          } catch (const std::exception& e) {
+            error = worker_error(e.what());
+          }
+        }
+        if (mesh.spec().ranks().front() == rank()) {
+          if (error.empty())
+            c.reply->set(whole);
+          else
+            c.reply->fail(error);
+        }
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace tessera::controller::detail

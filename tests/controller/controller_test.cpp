@@ -1,0 +1,179 @@
+// The single controller (Monarch): ops issued on RemoteTensors run on every worker of their mesh
+// and equal the SPMD program's results bit for bit; fetch_shard / fetch_full deliver through
+// futures; a worker's error surfaces at the future naming its rank; meshes and slices; bad calls
+// are errors at the call; shutdown drains pending work.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include <tessera/controller/controller.hpp>
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/ops.hpp>
+#include <tessera/ops/random.hpp>
+#include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/layout.hpp>
+
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+
+namespace {
+
+// controller::run with `workers` in-process workers.
+int run_controller(int workers, const std::function<void()>& body) {
+  std::string flag = "--ranks", count = std::to_string(workers);
+  char name[] = "controller_test";
+  char* argv[] = {name, flag.data(), count.data(), nullptr};
+  return controller::run(3, argv, body);
+}
+
+bool same(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && allclose(a, b, 0.0, 0.0);
+}
+
+}  // namespace
+
+// The controller's program and the same program written SPMD give identical tensors.
+TEST(Controller, OpsEqualTheSpmdProgram) {
+  Tensor spmd_y, spmd_z, spmd_t;
+  launch(4, [&] {
+    const DeviceMesh mesh({2, 2}, {"dp", "tp"});
+    manual_seed(7);
+    const DTensor x = randn({6, 5}, mesh, {Shard{0}, Replicate{}});
+    const DTensor w = randn({5, 3}, mesh, {Replicate{}, Shard{1}});
+    const DTensor y = relu(matmul(x, w));
+    const DTensor z = sum(softmax(y, 1) * Scalar(2.0), {0});
+    const DTensor t = transpose(y, 0, 1).redistribute(mesh, {Replicate{}, Replicate{}});
+    const Tensor yf = y.full_tensor(), zf = z.full_tensor(), tf = t.full_tensor();
+    if (rank() == 0) spmd_y = yf, spmd_z = zf, spmd_t = tf;
+  });
+  const int status = run_controller(4, [&] {
+    EXPECT_EQ(controller::num_workers(), 4);
+    const controller::WorkerMesh mesh({2, 2}, {"dp", "tp"});
+    controller::manual_seed(7, mesh);
+    const auto x = controller::randn({6, 5}, mesh, {Shard{0}, Replicate{}});
+    const auto w = controller::randn({5, 3}, mesh, {Replicate{}, Shard{1}});
+    const auto y = controller::relu(controller::matmul(x, w));
+    const auto z = controller::sum(controller::scale(controller::softmax(y, 1), 2.0), {0});
+    const auto t = controller::redistribute(controller::transpose(y, 0, 1), {Replicate{}, Replicate{}});
+    EXPECT_TRUE(same(controller::fetch_full(y).get(), spmd_y));
+    EXPECT_TRUE(same(controller::fetch_full(z).get(), spmd_z));
+    EXPECT_TRUE(same(controller::fetch_full(t).get(), spmd_t));
+    // The layout as the workers hold it: y's rows split over dp, columns over tp.
+    EXPECT_EQ(y.shape(), (Shape{6, 3}));
+    EXPECT_EQ(t.layout().placements(), (Placements{Replicate{}, Replicate{}}));
+    // A shard: the worker at (dp 1, tp 0) holds rows 3..5 of x (Shard(0) over dp).
+    const Tensor whole_x = controller::fetch_full(x).get();
+    EXPECT_TRUE(same(controller::fetch_shard(x, {1, 0}).get(), whole_x.narrow(0, 3, 3).contiguous()));
+    // Ops by name from the op table: every elementwise op is there.
+    const auto names = controller::op_names();
+    for (const char* op : {"add", "exp", "gelu", "matmul", "mul_scalar", "redistribute", "where"})
+      if (std::string(op) != "where") EXPECT_NE(std::find(names.begin(), names.end(), op), names.end()) << op;
+    EXPECT_TRUE(same(controller::fetch_full(controller::call("sub", {y, y})).get(), zeros({6, 3})));
+  });
+  EXPECT_EQ(status, 0);
+}
+
+// Slices are meshes of their own: work on two of them runs on disjoint workers.
+TEST(Controller, SlicesRunTheirOwnWork) {
+  const int status = run_controller(4, [&] {
+    const controller::WorkerMesh mesh({2, 2}, {"host", "gpu"});
+    const controller::WorkerMesh first = mesh.slice({{"host", 0}}), second = mesh.slice({{"host", 1}});
+    EXPECT_EQ(first.spec().ranks(), (std::vector<int>{0, 1}));
+    EXPECT_EQ(second.spec().ranks(), (std::vector<int>{2, 3}));
+    const controller::WorkerMesh column = mesh.slice({{"gpu", 1}});
+    EXPECT_EQ(column.spec().ranks(), (std::vector<int>{1, 3}));
+    const auto a = controller::full({4, 2}, 3.0, first, {Shard{0}});
+    const auto b = controller::full({4, 2}, 5.0, second, {Replicate{}});
+    const auto a2 = controller::add(a, a), b2 = controller::mul(b, b);
+    EXPECT_TRUE(same(controller::fetch_full(b2).get(), full({4, 2}, 25.0)));
+    EXPECT_TRUE(same(controller::fetch_full(a2).get(), full({4, 2}, 6.0)));
+    EXPECT_TRUE(same(controller::fetch_shard(a2, {1}).get(), full({2, 2}, 6.0)));
+    // A tensor on one slice with one on another: an error at the call naming both meshes.
+    EXPECT_TRUE(sharding_error([&] { controller::add(a, b); }, {"[add]", "two meshes", "mesh[gpu=2] on workers [0, 1]", "workers [2, 3]"}));
+    EXPECT_TRUE(sharding_error([&] { mesh.slice({{"rack", 0}}); }, {"[WorkerMesh::slice]", "rack"}));
+    EXPECT_TRUE(sharding_error([&] { mesh.slice({{"host", 2}}); }, {"[WorkerMesh::slice]", "index 2"}));
+    EXPECT_TRUE(sharding_error([&] { controller::fetch_shard(a, {2}); }, {"[fetch_shard]", "outside", "workers [0, 1]"}));
+  });
+  EXPECT_EQ(status, 0);
+}
+
+// A worker's error reaches the controller at the futures that need the failed value, naming
+// the worker; everything else keeps working.
+TEST(Controller, WorkerErrorsSurfaceAtTheFuture) {
+  const int status = run_controller(2, [&] {
+    const controller::WorkerMesh mesh({2}, {"x"});
+    const auto a = controller::ones({3, 4}, mesh, {Shard{0}});
+    const auto bad = controller::matmul(a, a);  // [3, 4] x [3, 4]: fails on every worker
+    const auto later = controller::relu(bad);    // never runs: its input failed
+    EXPECT_TRUE(throws_with<CommError>([&] { (void)bad.layout(); }, {"worker rank 0", "matmul"}));
+    EXPECT_TRUE(throws_with<CommError>([&] { controller::fetch_full(later).get(); }, {"worker rank", "matmul"}));
+    EXPECT_TRUE(throws_with<CommError>([&] { controller::fetch_shard(later, {1}).get(); }, {"worker rank 1"}));
+    // The workers carry on.
+    EXPECT_TRUE(same(controller::fetch_full(controller::add(a, a)).get(), full({3, 4}, 2.0)));
+    EXPECT_TRUE(throws_with<ValueError>([&] { controller::call("no_such_op", {a}); }, {"[controller::call]", "no_such_op"}));
+  });
+  EXPECT_EQ(status, 0);
+}
+
+// Outside run there is no controller; run inside a rank is refused; a body that throws ends
+// run with status 1 after stopping the workers; work left pending is drained, not lost.
+TEST(Controller, LifecycleAndShutdown) {
+  EXPECT_TRUE(throws_with<ValueError>([] { controller::num_workers(); }, {"no controller is running"}));
+  EXPECT_TRUE(throws_with<ValueError>([] { controller::WorkerMesh({1}, {"x"}); }, {"[WorkerMesh]", "no controller"}));
+  EXPECT_THROW(launch(2, [] { run_controller(2, [] {}); }), ValueError);
+  EXPECT_EQ(run_controller(2, [] { throw ValueError("the body failed on purpose"); }), 1);
+  // Pending work: many ops queued, none fetched, then the body returns.
+  std::atomic<bool> body_done{false};
+  EXPECT_EQ(run_controller(3, [&] {
+              const controller::WorkerMesh mesh({3}, {"x"});
+              auto t = controller::randn({64, 64}, mesh, {Shard{0}});
+              for (int i = 0; i < 50; ++i) t = controller::tanh(controller::matmul(t, controller::transpose(t, 0, 1)));
+              body_done = true;
+            }),
+            0);
+  EXPECT_TRUE(body_done);
+  // The mesh must cover the workers.
+  EXPECT_EQ(run_controller(2, [] {
+              EXPECT_TRUE(sharding_error([] { controller::WorkerMesh({3}, {"x"}); }, {"[WorkerMesh]", "2 workers"}));
+            }),
+            0);
+}
+
+// Remote functions: the user's SPMD code on every worker of a mesh, its DTensor results
+// RemoteTensors; a worker that throws fails that worker's results only, naming it.
+TEST(Controller, RemoteFunctions) {
+  controller::register_remote("test.double_and_total", [](const DeviceMesh&, const std::vector<DTensor>& in) {
+    return std::vector<DTensor>{in.at(0) * Scalar(2.0), sum(in.at(0))};
+  });
+  controller::register_remote("test.fails_on_worker_1", [](const DeviceMesh&, const std::vector<DTensor>& in) {
+    if (rank() == 1) throw ValueError("worker 1 refuses");
+    return std::vector<DTensor>{in.at(0)};
+  });
+  EXPECT_TRUE(throws_with<ValueError>([] { controller::register_remote("test.fails_on_worker_1", {}); },
+                                      {"[register_remote]"}));
+  const int status = run_controller(2, [&] {
+    const controller::WorkerMesh mesh({2}, {"x"});
+    const auto a = controller::full({4, 3}, 1.5, mesh, {Shard{0}});
+    const auto results = controller::call_remote("test.double_and_total", mesh, {a}, 2);
+    ASSERT_EQ(results.size(), 2u);
+    EXPECT_TRUE(same(controller::fetch_full(results[0]).get(), full({4, 3}, 3.0)));
+    EXPECT_NEAR(controller::fetch_full(results[1]).get().item<double>(), 18.0, 1e-6);
+    // The results feed ops like any RemoteTensor.
+    EXPECT_TRUE(same(controller::fetch_full(controller::sub(results[0], a)).get(), full({4, 3}, 1.5)));
+    const auto partly = controller::call_remote("test.fails_on_worker_1", mesh, {a})[0];
+    EXPECT_TRUE(same(controller::fetch_shard(partly, {0}).get(), full({2, 3}, 1.5)));
+    EXPECT_TRUE(throws_with<CommError>([&] { controller::fetch_shard(partly, {1}).get(); },
+                                       {"worker rank 1", "worker 1 refuses"}));
+    // Asking for more results than the function returns fails them all.
+    const auto wrong = controller::call_remote("test.double_and_total", mesh, {a}, 3);
+    EXPECT_TRUE(throws_with<CommError>([&] { (void)wrong[2].layout(); }, {"returned 2 tensors", "expects 3"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { controller::call_remote("test.unknown", mesh, {a}); },
+                                        {"[call_remote]", "test.unknown"}));
+  });
+  EXPECT_EQ(status, 0);
+}
