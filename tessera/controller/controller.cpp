@@ -53,6 +53,44 @@ std::string describe(const WorkerMesh& mesh) {
   return text + "]";
 }
 
+std::string stream_name(const detail::ControllerState& state, int64_t id) {
+  return "'" + state.streams[static_cast<size_t>(id)] + "'";
+}
+
+// The stream rules for reading t on the active stream: its own stream unless a mutable borrow
+// has it; another stream only through a borrow.
+void check_read(const detail::ControllerState& state, const RemoteTensor& t, const std::string& call) {
+  const detail::TensorHandle& h = detail::HandleAccess::of(t);
+  const int64_t s = state.active_stream;
+  if (h.stream == s) {
+    for (const auto& [borrower, is_mutable] : h.borrows)
+      TESSERA_CHECK(!is_mutable, ValueError, call, "tensor ", h.id, " of stream ", stream_name(state, s),
+                    " is mutably borrowed by stream ", stream_name(state, borrower), " until drop()");
+    return;
+  }
+  for (const auto& [borrower, is_mutable] : h.borrows)
+    if (borrower == s) return;
+  TESSERA_CHECK(false, ValueError, call, "tensor ", h.id, " belongs to stream ", stream_name(state, h.stream),
+                "; borrow it onto stream ", stream_name(state, s), " first");
+}
+
+// Writing t on the active stream: its own stream with nothing lent out, or a mutable borrower.
+void check_write(const detail::ControllerState& state, const RemoteTensor& t, const std::string& call) {
+  const detail::TensorHandle& h = detail::HandleAccess::of(t);
+  const int64_t s = state.active_stream;
+  if (h.stream == s) {
+    for (const auto& [borrower, is_mutable] : h.borrows)
+      TESSERA_CHECK(false, ValueError, call, "tensor ", h.id, " of stream ", stream_name(state, s), " is ",
+                    is_mutable ? "mutably" : "immutably", " borrowed by stream ", stream_name(state, borrower),
+                    is_mutable ? "" : " (while lent immutably, neither stream writes)", " until drop()");
+    return;
+  }
+  for (const auto& [borrower, is_mutable] : h.borrows)
+    if (borrower == s && is_mutable) return;
+  TESSERA_CHECK(false, ValueError, call, "tensor ", h.id, " belongs to stream ", stream_name(state, h.stream),
+                "; stream ", stream_name(state, s), " writes it only through a mutable borrow");
+}
+
 int ranks_from(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; ++i)
     if (!std::strcmp(argv[i], "--ranks")) return std::atoi(argv[i + 1]);
@@ -198,6 +236,7 @@ RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs
                   describe(t.mesh()), "; move one onto the other's mesh first");
   }
   TESSERA_CHECK(on != nullptr, ShardingError, op, "no mesh: a factory needs one, an op an input");
+  for (const RemoteTensor& t : inputs) check_read(state, t, op);
   auto command = std::make_shared<detail::Command>();
   command->kind = detail::Command::Kind::run_op;
   command->mesh = on->id();
@@ -206,7 +245,8 @@ RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs
   command->args = detail::OpArgs{scalars, ints, shape, placements, dtype};
   command->output = state.next_tensor++;
   command->layout = std::make_shared<detail::FutureState<Layout>>();
-  RemoteTensor result = detail::TensorHandle::make(command->output, *on, command->layout);
+  RemoteTensor result = detail::TensorHandle::make(command->output, *on, command->layout, state.active_stream);
+  command->stream = state.active_stream;
   state.send(on->spec().ranks(), std::move(command));
   return result;
 }
@@ -305,21 +345,161 @@ std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh&
     TESSERA_CHECK(t.defined(), ValueError, "call_remote", "an input of '", name, "' is an undefined RemoteTensor");
     TESSERA_CHECK(t.mesh().id() == mesh.id(), ShardingError, "call_remote", "'", name, "' runs on ", describe(mesh),
                   "; an input lives on ", describe(t.mesh()));
+    check_read(state, t, "call_remote");
   }
   auto command = std::make_shared<detail::Command>();
   command->kind = detail::Command::Kind::run_op;
   command->remote = true;
   command->mesh = mesh.id();
   command->op = name;
+  command->stream = state.active_stream;
   for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
   std::vector<RemoteTensor> results;
   for (int64_t i = 0; i < outputs; ++i) {
     command->outputs.push_back(state.next_tensor++);
     command->layouts.push_back(std::make_shared<detail::FutureState<Layout>>());
-    results.push_back(detail::TensorHandle::make(command->outputs.back(), mesh, command->layouts.back()));
+    results.push_back(detail::TensorHandle::make(command->outputs.back(), mesh, command->layouts.back(), state.active_stream));
   }
   state.send(mesh.spec().ranks(), std::move(command));
   return results;
+}
+
+Stream::Stream(std::string name) : name_(std::move(name)), id_(0) {
+  detail::ControllerState& state = detail::require("Stream");
+  id_ = static_cast<int64_t>(state.streams.size());
+  state.streams.push_back(name_);
+}
+
+Stream Stream::main() {
+  detail::ControllerState& state = detail::require("Stream::main");
+  return Stream(state.streams.front(), 0);
+}
+
+Stream::Activation Stream::activate() const {
+  detail::ControllerState& state = detail::require("Stream::activate");
+  const int64_t previous = state.active_stream;
+  state.active_stream = id_;
+  return Activation(previous);
+}
+
+Stream::Activation::~Activation() {
+  if (detail::ControllerState* state = detail::current()) state->active_stream = previous_;
+}
+
+Borrow Stream::borrow(const RemoteTensor& t, bool mutable_borrow) const {
+  detail::ControllerState& state = detail::require("Stream::borrow");
+  TESSERA_CHECK(t.defined(), ValueError, "Stream::borrow", "undefined RemoteTensor");
+  detail::TensorHandle& h = detail::HandleAccess::of(t);
+  TESSERA_CHECK(h.stream != id_, ValueError, "Stream::borrow", "tensor ", h.id, " belongs to stream ",
+                stream_name(state, id_), " already");
+  for (const auto& [borrower, is_mutable] : h.borrows) {
+    TESSERA_CHECK(!is_mutable, ValueError, "Stream::borrow", "tensor ", h.id, " is mutably borrowed by stream ",
+                  stream_name(state, borrower), " until drop()");
+    TESSERA_CHECK(!mutable_borrow, ValueError, "Stream::borrow", "a mutable borrow of tensor ", h.id,
+                  " needs it unshared; stream ", stream_name(state, borrower), " borrows it until drop()");
+    TESSERA_CHECK(borrower != id_, ValueError, "Stream::borrow", "stream ", stream_name(state, id_),
+                  " borrows tensor ", h.id, " already");
+  }
+  h.borrows.emplace_back(id_, mutable_borrow);
+  return Borrow(t, id_, mutable_borrow);
+}
+
+Borrow::Borrow(Borrow&& other) noexcept
+    : tensor_(std::move(other.tensor_)), stream_(other.stream_), mutable_(other.mutable_), dropped_(other.dropped_) {
+  other.dropped_ = true;
+}
+
+Borrow::~Borrow() {
+  if (!dropped_ && detail::current()) drop();
+}
+
+void Borrow::drop() {
+  TESSERA_CHECK(!dropped_, ValueError, "Borrow::drop", "tensor ", tensor_.id(), " was returned already");
+  dropped_ = true;
+  auto& borrows = detail::HandleAccess::of(tensor_).borrows;
+  const auto it = std::find(borrows.begin(), borrows.end(), std::make_pair(stream_, mutable_));
+  if (it != borrows.end()) borrows.erase(it);
+}
+
+void call_inplace(const std::string& op, const RemoteTensor& target, const std::vector<RemoteTensor>& inputs,
+                  const std::vector<double>& scalars, const std::vector<int64_t>& ints) {
+  detail::ControllerState& state = detail::require(op.c_str());
+  TESSERA_CHECK(detail::has_op(op), ValueError, "controller::call_inplace", "no op '", op, "' in the op table");
+  TESSERA_CHECK(target.defined(), ValueError, op, "the target is an undefined RemoteTensor");
+  for (const RemoteTensor& t : inputs) {
+    TESSERA_CHECK(t.defined(), ValueError, op, "an input is an undefined RemoteTensor");
+    TESSERA_CHECK(t.mesh().id() == target.mesh().id(), ShardingError, op, "inputs live on two meshes: ",
+                  describe(target.mesh()), " and ", describe(t.mesh()), "; move one onto the other's mesh first");
+    check_read(state, t, op);
+  }
+  check_write(state, target, op);
+  detail::TensorHandle& h = detail::HandleAccess::of(target);
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::run_op;
+  command->mesh = target.mesh().id();
+  command->stream = state.active_stream;
+  command->op = op;
+  command->inputs.push_back(target.id());
+  for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
+  command->args = detail::OpArgs{scalars, ints, {}, {}, DType::f32};
+  command->output = target.id();  // the result replaces the target's value
+  command->layout = std::make_shared<detail::FutureState<Layout>>();
+  h.layout = command->layout;
+  state.send(target.mesh().spec().ranks(), std::move(command));
+}
+
+void add_(const RemoteTensor& target, const RemoteTensor& other) { call_inplace("add", target, {other}); }
+void mul_(const RemoteTensor& target, const RemoteTensor& other) { call_inplace("mul", target, {other}); }
+
+namespace {
+
+// [op, scatter, mesh dims...]: mesh_reduce's integer arguments.
+std::vector<int64_t> reduce_args(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter,
+                                 const char* call) {
+  TESSERA_CHECK(!axes.empty(), ShardingError, call, "no mesh axes to reduce over");
+  std::vector<int64_t> ints{static_cast<int64_t>(op), scatter ? 1 : 0};
+  for (const std::string& axis : axes) ints.push_back(t.mesh().spec().dim_of(axis, call));
+  return ints;
+}
+
+}  // namespace
+
+RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter,
+                    const WorkerMesh* onto) {
+  detail::ControllerState& state = detail::require("reduce");
+  TESSERA_CHECK(t.defined(), ValueError, "reduce", "undefined RemoteTensor");
+  const std::vector<int64_t> ints = reduce_args(t, axes, op, scatter, "reduce");
+  check_read(state, t, "reduce");
+  const MeshSpec& from = t.mesh().spec();
+  if (onto) {
+    // A slice of t's mesh without the reduced axes: its ranks are t's, its axes the others.
+    std::vector<std::string> rest;
+    for (const std::string& name : from.names())
+      if (std::find(axes.begin(), axes.end(), name) == axes.end()) rest.push_back(name);
+    bool inside = onto->spec().names() == rest;
+    for (int r : onto->spec().ranks()) inside = inside && from.contains(r);
+    TESSERA_CHECK(inside && !scatter, ShardingError, "reduce", "the target ", describe(*onto),
+                  " must be a slice of ", describe(t.mesh()), " over its other axes", scatter ? ", without scatter" : "");
+  }
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::run_op;
+  command->mesh = t.mesh().id();
+  command->stream = state.active_stream;
+  command->op = "mesh_reduce";
+  command->inputs = {t.id()};
+  command->args.ints = ints;
+  command->target = onto ? onto->id() : -1;
+  command->output = state.next_tensor++;
+  command->layout = std::make_shared<detail::FutureState<Layout>>();
+  RemoteTensor result = detail::TensorHandle::make(command->output, onto ? *onto : t.mesh(), command->layout,
+                                                   state.active_stream);
+  state.send(from.ranks(), std::move(command));
+  return result;
+}
+
+void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter) {
+  TESSERA_CHECK(t.defined(), ValueError, "reduce_", "undefined RemoteTensor");
+  call_inplace("mesh_reduce", t, {}, {}, reduce_args(t, axes, op, scatter, "reduce_"));
 }
 
 Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& coordinate) {

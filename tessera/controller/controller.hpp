@@ -23,6 +23,7 @@
 #include <vector>
 
 #include <tessera/core/export.hpp>
+#include <tessera/core/reduce_op.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/mesh/mesh_spec.hpp>
 #include <tessera/sharding/placement.hpp>
@@ -39,6 +40,7 @@ namespace detail {
 template <class T>
 struct FutureState;
 struct TensorHandle;
+struct HandleAccess;
 }  // namespace detail
 
 /// Runs `body` once, on the controller (the calling thread), with --ranks N (or TESSERA_RANKS,
@@ -87,8 +89,10 @@ class WorkerMesh {
   int64_t id_ = -1;
 };
 
+class Stream;
+
 /// A handle of a DTensor whose shards live on the workers of a mesh. Copies share the handle;
-/// when the last copy goes, the workers drop the tensor.
+/// when the last copy goes, the workers drop the tensor. It belongs to the stream that made it.
 class RemoteTensor {
  public:
   RemoteTensor() = default;
@@ -104,10 +108,76 @@ class RemoteTensor {
   explicit RemoteTensor(std::shared_ptr<detail::TensorHandle> handle) : handle_(std::move(handle)) {}
   std::shared_ptr<detail::TensorHandle> handle_;
   friend struct detail::TensorHandle;
+  friend struct detail::HandleAccess;
   friend RemoteTensor call(const std::string&, const std::vector<RemoteTensor>&, const std::vector<double>&,
                            const std::vector<int64_t>&, const WorkerMesh*, const Shape&, const Placements&, DType);
   friend std::vector<RemoteTensor> call_remote(const std::string&, const WorkerMesh&, const std::vector<RemoteTensor>&,
                                                int64_t);
+  friend class Stream;
+  friend class Borrow;
+  friend void call_inplace(const std::string&, const RemoteTensor&, const std::vector<RemoteTensor>&,
+                           const std::vector<double>&, const std::vector<int64_t>&);
+};
+
+class Borrow;
+
+/// An ordered queue of work on every worker (Monarch's Stream). Ops issued while a stream is
+/// active run on it; a tensor belongs to the stream that made it, and another stream uses it
+/// only through a Borrow: immutable (both may read, neither writes) or mutable (only the
+/// borrower touches it until drop()). Every violation is a ValueError at the call that commits
+/// it, naming the tensor and both streams. The default stream is "main". Workers run each
+/// stream's ops in order (this slice runs all streams of a worker in issue order, one thread).
+class Stream {
+ public:
+  /// A new stream. Throws ValueError outside run's body.
+  explicit Stream(std::string name);
+  /// The default stream of the running controller.
+  static Stream main();
+  const std::string& name() const { return name_; }
+  int64_t id() const { return id_; }
+  /// Lends `t` to this stream. Throws ValueError when t already belongs to it, is mutably
+  /// borrowed, or (mutable) is borrowed at all.
+  Borrow borrow(const RemoteTensor& t, bool mutable_borrow = false) const;
+
+  /// Ops issued during the scope run on the stream (Monarch's `with stream.activate()`).
+  class Activation {
+   public:
+    ~Activation();
+    Activation(const Activation&) = delete;
+    Activation& operator=(const Activation&) = delete;
+
+   private:
+    friend class Stream;
+    explicit Activation(int64_t previous) : previous_(previous) {}
+    int64_t previous_;
+  };
+  [[nodiscard]] Activation activate() const;
+
+ private:
+  Stream(std::string name, int64_t id) : name_(std::move(name)), id_(id) {}
+  std::string name_;
+  int64_t id_;
+};
+
+/// A tensor lent to a stream until drop() (or the Borrow's end).
+class Borrow {
+ public:
+  Borrow(Borrow&& other) noexcept;
+  Borrow& operator=(Borrow&&) = delete;
+  Borrow(const Borrow&) = delete;
+  ~Borrow();
+  /// The borrowed tensor (the same handle).
+  const RemoteTensor& tensor() const { return tensor_; }
+  /// Returns the tensor to its stream. Throws ValueError when dropped already.
+  void drop();
+
+ private:
+  friend class Stream;
+  Borrow(RemoteTensor tensor, int64_t stream, bool is_mutable) : tensor_(std::move(tensor)), stream_(stream), mutable_(is_mutable) {}
+  RemoteTensor tensor_;
+  int64_t stream_;
+  bool mutable_;
+  bool dropped_ = false;
 };
 
 /// Any op of the op table by name (the typed functions below call it): inputs on one mesh,
@@ -150,6 +220,25 @@ RemoteTensor transpose(const RemoteTensor& a, int64_t dim0, int64_t dim1);
 RemoteTensor reshape(const RemoteTensor& a, const Shape& shape);
 /// DTensor::redistribute on the workers (the planner's collectives).
 RemoteTensor redistribute(const RemoteTensor& a, const Placements& placements);
+
+/// The in-place form of an op: `target` = op(target, inputs...) (Monarch's `_inplace` / `out=`):
+/// a write to target, so the stream rules for writers apply.
+void call_inplace(const std::string& op, const RemoteTensor& target, const std::vector<RemoteTensor>& inputs,
+                  const std::vector<double>& scalars = {}, const std::vector<int64_t>& ints = {});
+void add_(const RemoteTensor& target, const RemoteTensor& other);
+void mul_(const RemoteTensor& target, const RemoteTensor& other);
+
+/// Monarch's mesh reduce: each worker's block taken as its own value along the mesh `axes`
+/// (which t must not be sharded over), combined by `op` across them: onto every worker
+/// (Replicate), or with `scatter` split over them along dim 0 (reduce-scatter). With `onto`, a
+/// slice of t's mesh without those axes (Monarch's `mesh=` such as gpu=0), the result lives on
+/// that slice only. Throws ShardingError for an unknown axis or a bad target (errors on the
+/// workers, such as a sharded axis, surface at the result's futures).
+RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op = ReduceOp::sum,
+                    bool scatter = false, const WorkerMesh* onto = nullptr);
+/// The same, the result replacing t's value (Monarch's `_inplace=True`); not with `onto`.
+void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op = ReduceOp::sum,
+             bool scatter = false);
 
 /// Registers a remote function under `name`: SPMD code that every worker of a mesh runs with the
 /// mesh and its DTensors (the RemoteTensor arguments' shards), returning DTensors that become

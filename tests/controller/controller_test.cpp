@@ -177,3 +177,90 @@ TEST(Controller, RemoteFunctions) {
   });
   EXPECT_EQ(status, 0);
 }
+
+// Streams: a tensor belongs to the stream that made it; another stream uses it through a
+// borrow, immutable (both read, neither writes) or mutable (only the borrower, until drop()).
+// Every violation is an error at the call.
+TEST(Controller, StreamsAndBorrows) {
+  const int status = run_controller(2, [&] {
+    const controller::WorkerMesh mesh({2}, {"x"});
+    const auto a = controller::ones({4, 4}, mesh, {Shard{0}});
+    const auto one = controller::ones({4, 4}, mesh, {Shard{0}});
+    controller::Stream comm("comm");
+    EXPECT_EQ(controller::Stream::main().name(), "main");
+    controller::RemoteTensor on_comm;
+    {
+      auto active = comm.activate();
+      EXPECT_TRUE(throws_with<ValueError>([&] { controller::add(a, a); },
+                                          {"[add]", "belongs to stream 'main'", "borrow it onto stream 'comm' first"}));
+      controller::Borrow lent = comm.borrow(a);
+      on_comm = controller::add(lent.tensor(), lent.tensor());  // reading a borrowed tensor
+      EXPECT_TRUE(throws_with<ValueError>([&] { controller::add_(a, a); },
+                                          {"[add]", "writes it only through a mutable borrow"}));
+      EXPECT_TRUE(throws_with<ValueError>([&] { comm.borrow(a); }, {"[Stream::borrow]", "borrows tensor", "already"}));
+      {
+        auto back = controller::Stream::main().activate();
+        controller::add(a, a);  // the owner still reads
+        EXPECT_TRUE(throws_with<ValueError>([&] { controller::add_(a, one); },
+                                            {"[add]", "immutably borrowed by stream 'comm'", "neither stream writes"}));
+        EXPECT_TRUE(throws_with<ValueError>([&] { controller::add(on_comm, a); }, {"belongs to stream 'comm'"}));
+      }
+      lent.drop();
+      EXPECT_TRUE(throws_with<ValueError>([&] { lent.drop(); }, {"[Borrow::drop]", "returned already"}));
+      EXPECT_TRUE(throws_with<ValueError>([&] { controller::add(a, a); }, {"borrow it onto stream 'comm' first"}));
+      // Mutable: only the borrower touches it until drop().
+      controller::Borrow own = comm.borrow(a, true);
+      {
+        auto back = controller::Stream::main().activate();
+        EXPECT_TRUE(throws_with<ValueError>([&] { controller::add(a, a); }, {"mutably borrowed by stream 'comm'"}));
+      }
+      const auto one_here = controller::ones({4, 4}, mesh, {Shard{0}});
+      controller::add_(a, one_here);  // a = 2 on stream comm
+      EXPECT_TRUE(throws_with<ValueError>([&] { controller::Stream("other").borrow(a); }, {"mutably borrowed"}));
+      own.drop();
+    }
+    EXPECT_TRUE(same(controller::fetch_full(a).get(), full({4, 4}, 2.0)));
+    EXPECT_TRUE(throws_with<ValueError>([&] { comm.borrow(on_comm); }, {"belongs to stream 'comm' already"}));
+  });
+  EXPECT_EQ(status, 0);
+}
+
+// Monarch's mesh reduce: each worker's block is its own value along the reduced axes.
+TEST(Controller, MeshReduce) {
+  controller::register_remote("test.rank_values", [](const DeviceMesh& mesh, const std::vector<DTensor>& in) {
+    const int64_t n = in.empty() ? 3 : 4;
+    return std::vector<DTensor>{DTensor::from_local(full({n}, static_cast<double>(rank())), mesh, {Replicate{}, Replicate{}})};
+  });
+  const int status = run_controller(4, [&] {
+    const controller::WorkerMesh mesh({2, 2}, {"host", "gpu"});
+    const auto values = [&] { return controller::call_remote("test.rank_values", mesh, {})[0]; };
+    const auto v = values();
+    const auto over_gpu = controller::reduce(v, {"gpu"});
+    EXPECT_TRUE(same(controller::fetch_shard(over_gpu, {0, 1}).get(), full({3}, 1.0)));  // 0 + 1
+    EXPECT_TRUE(same(controller::fetch_shard(over_gpu, {1, 0}).get(), full({3}, 5.0)));  // 2 + 3
+    EXPECT_TRUE(same(controller::fetch_full(controller::reduce(v, {"host", "gpu"})).get(), full({3}, 6.0)));
+    const auto highest = controller::reduce(v, {"gpu"}, ReduceOp::max);
+    EXPECT_TRUE(same(controller::fetch_shard(highest, {1, 1}).get(), full({3}, 3.0)));
+    // Scatter: the sum split along dim 0 over gpu.
+    const auto four = controller::call_remote("test.rank_values", mesh, {v})[0];
+    const auto scattered = controller::reduce(four, {"gpu"}, ReduceOp::sum, true);
+    EXPECT_TRUE(same(controller::fetch_shard(scattered, {1, 1}).get(), full({2}, 5.0)));
+    // Onto a slice (gpu = 0): only workers 0 and 2 hold the result.
+    const controller::WorkerMesh first_gpu = mesh.slice({{"gpu", 0}});
+    const auto onto = controller::reduce(v, {"gpu"}, ReduceOp::sum, false, &first_gpu);
+    EXPECT_EQ(onto.mesh().id(), first_gpu.id());
+    EXPECT_TRUE(same(controller::fetch_shard(onto, {1}).get(), full({3}, 5.0)));
+    EXPECT_EQ(onto.layout().mesh().ranks(), (std::vector<int>{0, 2}));
+    // In place.
+    controller::reduce_(v, {"host", "gpu"});
+    EXPECT_TRUE(same(controller::fetch_shard(v, {1, 1}).get(), full({3}, 6.0)));
+    // Errors: at the call for bad axes or targets, at the future for a sharded axis.
+    EXPECT_TRUE(sharding_error([&] { controller::reduce(v, {"rack"}); }, {"[reduce]", "rack"}));
+    EXPECT_TRUE(sharding_error([&] { controller::reduce(v, {"gpu"}, ReduceOp::sum, false, &mesh); },
+                               {"[reduce]", "must be a slice"}));
+    const auto sharded = controller::ones({4}, mesh, {Shard{0}, Replicate{}});
+    EXPECT_TRUE(throws_with<CommError>([&] { (void)controller::reduce(sharded, {"host"}).layout(); },
+                                       {"worker rank 0", "not Replicate over mesh axis 'host'"}));
+  });
+  EXPECT_EQ(status, 0);
+}

@@ -61,7 +61,9 @@ struct OpArgs {
 struct Command {
   enum class Kind : uint8_t { make_mesh, slice_mesh, run_op, seed, fetch_shard, fetch_full, drop, stop };
   Kind kind = Kind::stop;
-  int64_t mesh = -1;  // the mesh it runs on (make/slice: the new mesh's id)
+  int64_t mesh = -1;    // the mesh it runs on (make/slice: the new mesh's id)
+  int64_t stream = 0;   // the stream it runs on
+  int64_t target = -1;  // mesh_reduce onto a slice: the slice's id
   // make_mesh / slice_mesh
   std::vector<int64_t> mesh_shape;
   std::vector<std::string> mesh_names;
@@ -110,6 +112,9 @@ struct ControllerState {
   std::vector<std::unique_ptr<CommandQueue>> queues;
   std::atomic<uint64_t> next_tensor{1};
   std::atomic<int64_t> next_mesh{0};
+  // Streams: names by id (0 is "main") and the one ops are issued on now.
+  std::vector<std::string> streams{"main"};
+  int64_t active_stream = 0;
   /// Sends `command` to every worker in `ranks`.
   void send(const std::vector<int>& ranks, std::shared_ptr<const Command> command) {
     for (int r : ranks) queues[static_cast<size_t>(r)]->push(command);
@@ -124,8 +129,8 @@ ControllerState& require(const char* call);
 /// A tensor's controller-side handle: its id, mesh, and the future of its layout. The last
 /// copy's destruction drops the tensor on the workers.
 struct TensorHandle {
-  TensorHandle(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout)
-      : id(id), mesh(std::move(mesh)), layout(std::move(layout)) {}
+  TensorHandle(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout, int64_t stream)
+      : id(id), mesh(std::move(mesh)), layout(std::move(layout)), stream(stream) {}
   TensorHandle(const TensorHandle&) = delete;
   TensorHandle& operator=(const TensorHandle&) = delete;
   ~TensorHandle();
@@ -133,10 +138,18 @@ struct TensorHandle {
   uint64_t id;
   WorkerMesh mesh;
   std::shared_ptr<FutureState<Layout>> layout;
+  int64_t stream;                                // the owner
+  std::vector<std::pair<int64_t, bool>> borrows;  // (stream, mutable) lent out now
 
-  static RemoteTensor make(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout) {
-    return RemoteTensor(std::make_shared<TensorHandle>(id, std::move(mesh), std::move(layout)));
+  static RemoteTensor make(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout,
+                           int64_t stream) {
+    return RemoteTensor(std::make_shared<TensorHandle>(id, std::move(mesh), std::move(layout), stream));
   }
+};
+
+/// The controller's access to a RemoteTensor's handle (its stream and borrows).
+struct HandleAccess {
+  static TensorHandle& of(const RemoteTensor& t) { return *t.handle_; }
 };
 
 /// Runs commands on this worker (a rank of the workers' world) until a stop command.

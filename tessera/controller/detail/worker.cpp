@@ -3,6 +3,7 @@
 // value fail alike (without running), so the error surfaces at whatever the controller fetches.
 #include <tessera/controller/detail/command.hpp>
 
+#include <algorithm>
 #include <functional>
 #include <unordered_map>
 
@@ -23,6 +24,27 @@ int64_t int_at(const OpArgs& args, size_t i, int64_t otherwise) { return i < arg
 std::vector<int64_t> dims_of(const OpArgs& args) {
   // ints: [keepdim, dims...]
   return std::vector<int64_t>(args.ints.begin() + (args.ints.empty() ? 0 : 1), args.ints.end());
+}
+
+// Monarch's mesh reduce: each worker's block is its own value along the mesh dims ints[2..]
+// (Partial(op) there), combined onto every worker (Replicate) or, with scatter, split along
+// dim 0 over them. ints: [op, scatter, mesh dims...].
+DTensor mesh_reduce(const DTensor& x, const OpArgs& args, const DeviceMesh& mesh) {
+  const auto op = static_cast<ReduceOp>(args.ints.at(0));
+  const bool scatter = args.ints.at(1) != 0;
+  const Layout& layout = x.layout();
+  Placements partial = layout.placements(), reduced = layout.placements();
+  for (size_t i = 2; i < args.ints.size(); ++i) {
+    const auto d = static_cast<size_t>(args.ints[i]);
+    TESSERA_CHECK(is_replicate(partial[d]), ShardingError, "reduce", "the tensor ", layout.to_string(),
+                  " is not Replicate over mesh axis '", mesh.axis_names()[d],
+                  "'; a mesh reduce takes each worker's whole block as its value");
+    partial[d] = Partial{op};
+    reduced[d] = scatter ? Placement(Shard{0}) : Placement(Replicate{});
+  }
+  const Layout as_partial(layout.global_shape(), layout.dtype(), layout.mesh(), partial, layout.shard_orders(),
+                          layout.explicit_sizes());
+  return DTensor(x.to_local(), mesh, as_partial).redistribute(mesh, reduced);
 }
 
 // The op table: every unary, binary and comparison op of DTensor's elementwise table, and the
@@ -60,6 +82,9 @@ const std::unordered_map<std::string, OpFn>& op_table() {
     t["reshape"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) { return reshape(in.at(0), a.shape); };
     t["redistribute"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh& mesh) {
       return in.at(0).redistribute(mesh, a.placements);
+    };
+    t["mesh_reduce"] = [](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh& mesh) {
+      return mesh_reduce(in.at(0), a, mesh);
     };
     t["zeros"] = [](const std::vector<DTensor>&, const OpArgs& a, const DeviceMesh& mesh) {
       return zeros(a.shape, mesh, a.placements, a.dtype);
@@ -178,6 +203,24 @@ void worker_loop(CommandQueue& queue) {
           } catch (const std::exception& e) {
             out.error = worker_error(e.what());
           }
+        }
+        if (c.target >= 0) {
+          // Reduced onto a slice: its workers keep their (replicated) block on the slice's mesh,
+          // the others nothing; the slice's first worker reports.
+          const DeviceMesh& onto = meshes.at(c.target);
+          if (out.error.empty() && onto.is_member()) {
+            Placements kept;
+            for (int64_t d = 0; d < mesh.ndim(); ++d)
+              if (std::find(c.args.ints.begin() + 2, c.args.ints.end(), d) == c.args.ints.end())
+                kept.push_back(out.tensor.placements()[static_cast<size_t>(d)]);
+            out.tensor = DTensor::from_local(out.tensor.to_local(), onto, kept, {false, out.tensor.shape()});
+          }
+          if (!onto.is_member()) values.erase(c.output);
+          if (onto.spec().ranks().front() == rank() && c.layout) {
+            if (out.error.empty()) c.layout->set(out.tensor.layout());
+            else c.layout->fail(out.error);
+          }
+          break;
         }
         if (reporter && c.layout) {
           if (out.error.empty())
