@@ -2,13 +2,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
+#include <tessera/comm/mpi/mpi.hpp>
 #include <tessera/controller/detail/command.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
@@ -91,11 +94,16 @@ void check_write(const detail::ControllerState& state, const RemoteTensor& t, co
                 "; stream ", stream_name(state, s), " writes it only through a mutable borrow");
 }
 
+// --ranks N, --ranks=N or TESSERA_RANKS, default 4: as run() reads them.
 int ranks_from(int argc, char** argv) {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (!std::strcmp(argv[i], "--ranks")) return std::atoi(argv[i + 1]);
-  if (const char* env = std::getenv("TESSERA_RANKS")) return std::atoi(env);
-  return 4;
+  int ranks = 4;
+  if (const char* env = std::getenv("TESSERA_RANKS")) ranks = std::atoi(env);
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg(argv[i]);
+    if (arg == "--ranks" && i + 1 < argc) ranks = std::atoi(argv[i + 1]);
+    else if (arg.rfind("--ranks=", 0) == 0) ranks = std::atoi(argv[i] + std::strlen("--ranks="));
+  }
+  return ranks;
 }
 
 }  // namespace
@@ -103,6 +111,10 @@ int ranks_from(int argc, char** argv) {
 int run(int argc, char** argv, std::function<void()> body) {
   TESSERA_CHECK(!in_rank() && !detail::current(), ValueError, "controller::run",
                 "called inside a rank or a running controller; the controller is the program's main thread");
+  const char* forced = std::getenv("TESSERA_BACKEND");
+  TESSERA_CHECK(!mpi::launched_by_mpirun() && !(forced && std::string_view(forced) == "mpi"), ValueError,
+                "controller::run", "MPI workers are not supported yet: run the controller program without mpirun "
+                "(its workers are in-process threads, --ranks N)");
   const int workers = ranks_from(argc, argv);
   TESSERA_CHECK(workers >= 1, ValueError, "controller::run", "--ranks must be at least 1, got ", workers);
   detail::ControllerState state;
@@ -112,9 +124,16 @@ int run(int argc, char** argv, std::function<void()> body) {
   std::exception_ptr worker_failure;
   std::thread pool([&] {
     try {
-      launch(workers, [&] { detail::worker_loop(*state.queues[static_cast<size_t>(rank())]); });
+      launch(workers, [&] { detail::worker_loop(*state.queues[static_cast<size_t>(rank())], *state.health); });
     } catch (...) {
       worker_failure = std::current_exception();
+      try {
+        std::rethrow_exception(worker_failure);
+      } catch (const std::exception& e) {
+        state.health->fail(e.what());
+      } catch (...) {
+        state.health->fail("a non-standard exception");
+      }
     }
   });
   detail::running.store(&state);
@@ -147,7 +166,11 @@ int num_workers() { return detail::require("controller::num_workers").workers; }
 template <class T>
 T Future<T>::get() const {
   std::unique_lock<std::mutex> lock(state_->mutex);
-  state_->ready_cv.wait(lock, [&] { return state_->done; });
+  // Waits for the worker, looking every 50 ms whether the workers failed (then nothing comes).
+  while (!state_->ready_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return state_->done; })) {
+    const std::string failure = state_->health ? state_->health->get() : std::string();
+    if (!failure.empty()) throw CommError("[Future::get] the workers failed: " + failure);
+  }
   if (!state_->error.empty()) throw CommError(state_->error);
   return *state_->value;
 }
@@ -244,7 +267,7 @@ RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs
   for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
   command->args = detail::OpArgs{scalars, ints, shape, placements, dtype};
   command->output = state.next_tensor++;
-  command->layout = std::make_shared<detail::FutureState<Layout>>();
+  command->layout = state.future<Layout>();
   RemoteTensor result = detail::TensorHandle::make(command->output, *on, command->layout, state.active_stream);
   command->stream = state.active_stream;
   state.send(on->spec().ranks(), std::move(command));
@@ -357,7 +380,7 @@ std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh&
   std::vector<RemoteTensor> results;
   for (int64_t i = 0; i < outputs; ++i) {
     command->outputs.push_back(state.next_tensor++);
-    command->layouts.push_back(std::make_shared<detail::FutureState<Layout>>());
+    command->layouts.push_back(state.future<Layout>());
     results.push_back(detail::TensorHandle::make(command->outputs.back(), mesh, command->layouts.back(), state.active_stream));
   }
   state.send(mesh.spec().ranks(), std::move(command));
@@ -443,7 +466,7 @@ void call_inplace(const std::string& op, const RemoteTensor& target, const std::
   for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
   command->args = detail::OpArgs{scalars, ints, {}, {}, DType::f32};
   command->output = target.id();  // the result replaces the target's value
-  command->layout = std::make_shared<detail::FutureState<Layout>>();
+  command->layout = state.future<Layout>();
   h.layout = command->layout;
   state.send(target.mesh().spec().ranks(), std::move(command));
 }
@@ -490,7 +513,7 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
   command->args.ints = ints;
   command->target = onto ? onto->id() : -1;
   command->output = state.next_tensor++;
-  command->layout = std::make_shared<detail::FutureState<Layout>>();
+  command->layout = state.future<Layout>();
   RemoteTensor result = detail::TensorHandle::make(command->output, onto ? *onto : t.mesh(), command->layout,
                                                    state.active_stream);
   state.send(from.ranks(), std::move(command));
@@ -516,7 +539,7 @@ Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& co
   command->kind = detail::Command::Kind::fetch_shard;
   command->mesh = t.mesh().id();
   command->output = t.id();
-  command->reply = std::make_shared<detail::FutureState<Tensor>>();
+  command->reply = state.future<Tensor>();
   Future<Tensor> future(command->reply);
   state.send({worker}, std::move(command));
   return future;
@@ -529,7 +552,7 @@ Future<Tensor> fetch_full(const RemoteTensor& t) {
   command->kind = detail::Command::Kind::fetch_full;
   command->mesh = t.mesh().id();
   command->output = t.id();
-  command->reply = std::make_shared<detail::FutureState<Tensor>>();
+  command->reply = state.future<Tensor>();
   Future<Tensor> future(command->reply);
   state.send(t.mesh().spec().ranks(), std::move(command));
   return future;

@@ -21,13 +21,30 @@
 
 namespace tessera::controller::detail {
 
+/// Whether the workers are still serving: the first failure outside an op (a worker's loop
+/// itself, the worker world) is kept here, and every future still waiting fails with it.
+struct Health {
+  std::mutex mutex;
+  std::string failure;
+  void fail(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (failure.empty()) failure = what;
+  }
+  std::string get() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return failure;
+  }
+};
+
 template <class T>
 struct FutureState {
+  explicit FutureState(std::shared_ptr<Health> health = nullptr) : health(std::move(health)) {}
   std::mutex mutex;
   std::condition_variable ready_cv;
   std::optional<T> value;
   std::string error;  // set instead of value on failure
   bool done = false;
+  std::shared_ptr<Health> health;
 
   void set(T v) {
     {
@@ -109,6 +126,11 @@ class CommandQueue {
 /// The controller's side while run's body executes: the workers' queues and the id counters.
 struct ControllerState {
   int workers = 0;
+  std::shared_ptr<Health> health = std::make_shared<Health>();
+  template <class T>
+  std::shared_ptr<FutureState<T>> future() const {
+    return std::make_shared<FutureState<T>>(health);
+  }
   std::vector<std::unique_ptr<CommandQueue>> queues;
   std::atomic<uint64_t> next_tensor{1};
   std::atomic<int64_t> next_mesh{0};
@@ -152,8 +174,9 @@ struct HandleAccess {
   static TensorHandle& of(const RemoteTensor& t) { return *t.handle_; }
 };
 
-/// Runs commands on this worker (a rank of the workers' world) until a stop command.
-void worker_loop(CommandQueue& queue);
+/// Runs commands on this worker (a rank of the workers' world) until a stop command. A failure
+/// outside an op goes to `health` (the worker keeps serving).
+void worker_loop(CommandQueue& queue, Health& health);
 /// The remote functions registered by name (every worker of this process sees them).
 using RemoteFn = std::function<std::vector<DTensor>(const DeviceMesh&, const std::vector<DTensor>&)>;
 const RemoteFn* find_remote(const std::string& name);

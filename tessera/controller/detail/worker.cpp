@@ -157,15 +157,15 @@ std::vector<std::string> table_op_names() {
   return names;
 }
 
-void worker_loop(CommandQueue& queue) {
-  std::unordered_map<uint64_t, Value> values;
-  std::unordered_map<int64_t, DeviceMesh> meshes;
-  for (;;) {
-    const std::shared_ptr<const Command> command = queue.pop();
-    const Command& c = *command;
+namespace {
+
+// Runs one command; false for stop.
+bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
+             std::unordered_map<int64_t, DeviceMesh>& meshes) {
+  {
     switch (c.kind) {
       case Command::Kind::stop:
-        return;
+        return false;
       case Command::Kind::make_mesh:
         meshes.emplace(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names));
         break;
@@ -260,6 +260,25 @@ void worker_loop(CommandQueue& queue) {
         }
         break;
       }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void worker_loop(CommandQueue& queue, Health& health) {
+  std::unordered_map<uint64_t, Value> values;
+  std::unordered_map<int64_t, DeviceMesh> meshes;
+  for (;;) {
+    const std::shared_ptr<const Command> command = queue.pop();
+    try {
+      if (!execute(*command, values, meshes)) return;
+    } catch (const std::exception& e) {
+      // Not an op's failure (those stay with its output): the worker's own state is broken, so
+      // every future still waiting fails with this.
+      health.fail(worker_error(e.what()));
+      if (command->reply) command->reply->fail(worker_error(e.what()));
     }
   }
 }
