@@ -6,7 +6,8 @@
 // training runs as a plain SPMD program and the two loss curves must be identical (exit 1 if
 // not).
 //
-// Run: controller_demo [--steps 8]  (4 in-process workers)
+// Run: controller_demo [--steps 8]  (4 in-process workers), or mpirun -np 5 controller_demo (rank 0
+// the controller, ranks 1-4 the workers; the check runs on the controller's process).
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -95,6 +96,7 @@ int main(int argc, char** argv) {
     }
   });
   if (status != 0) return status;
+  if (controlled.empty()) return 0;  // a worker process (under mpirun): the controller checks
 
   // The same training as an SPMD program on 4 ranks.
   std::vector<double> spmd;

@@ -10,9 +10,13 @@
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 
 #include <tessera/comm/mpi/mpi.hpp>
 #include <tessera/controller/detail/command.hpp>
+#include <tessera/controller/detail/wire.hpp>
+#include <tessera/mesh/device_mesh.hpp>
+#include <tessera/mpmd/detail/layout_wire.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
 
@@ -31,6 +35,65 @@ ControllerState& require(const char* call) {
   TESSERA_CHECK(state != nullptr, ValueError, call, "no controller is running (call it inside controller::run's body)");
   return *state;
 }
+
+void ControllerState::send(const std::vector<int>& ranks, std::shared_ptr<const Command> command) {
+  if (!mpi) {
+    for (int r : ranks) queues[static_cast<size_t>(r)]->push(command);
+    return;
+  }
+  auto words = std::make_shared<std::vector<int64_t>>(encode_command(*command));
+  auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(words->size()));
+  Communicator& comm = world();
+  for (int r : ranks) {
+    outbox.emplace_back(comm.isend(length->data(), 1, DType::i64, r, kCommandLengthTag), length);
+    outbox.emplace_back(comm.isend(words->data(), static_cast<int64_t>(words->size()), DType::i64, r, kCommandTag),
+                        words);
+  }
+  // Forget the sends that finished (a failed one throws here).
+  const auto done = std::partition(outbox.begin(), outbox.end(), [](const auto& w) { return !w.first.is_completed(); });
+  for (auto it = done; it != outbox.end(); ++it) it->first.wait();
+  outbox.erase(done, outbox.end());
+}
+
+namespace {
+
+// MPI: the future's value comes as request `request`'s reply from world rank `worker`: a header
+// (see Reply), then a tensor's bytes. `mesh` decodes a layout.
+template <class T>
+void expect_reply(ControllerState& state, const std::shared_ptr<FutureState<T>>& future, int worker, uint64_t request,
+                  const MeshSpec& mesh) {
+  future->pull = [worker, request, mesh](FutureState<T>& f) {
+    Communicator& comm = world();
+    const int tag = reply_tag(request);
+    int64_t length = 0;
+    wait_polling(comm.irecv(&length, 1, DType::i64, worker, tag));
+    std::vector<int64_t> words(static_cast<size_t>(length));
+    wait_polling(comm.irecv(words.data(), length, DType::i64, worker, tag));
+    const Reply reply = decode_reply(words);
+    if (!reply.ok) return f.fail(reply.error);
+    if constexpr (std::is_same_v<T, Tensor>) {
+      Tensor t = empty(reply.shape, reply.dtype);
+      if (t.numel() > 0) wait_polling(comm.irecv(t.raw_data(), t.numel(), t.dtype(), worker, tag));
+      f.set(std::move(t));
+    } else {
+      f.set(mpmd::detail::decode_layout(reply.layout_words, mesh));
+    }
+  };
+  // Kept (even when the caller drops the future) until received: a worker cannot end with its
+  // reply unsent. Entries already received are forgotten as new ones come.
+  std::erase_if(state.unreceived, [](const auto& pending) { return !pending(false); });
+  state.unreceived.push_back([future](bool receive) {
+    if (!future->pull) return false;
+    if (receive) {
+      auto pull = std::move(future->pull);
+      future->pull = nullptr;
+      pull(*future);
+    }
+    return receive ? false : true;
+  });
+}
+
+}  // namespace
 
 TensorHandle::~TensorHandle() {
   // The workers drop the tensor once every op enqueued before has run. After shutdown there is
@@ -108,13 +171,51 @@ int ranks_from(int argc, char** argv) {
 
 }  // namespace
 
+namespace {
+
+// Under MPI: world rank 0 runs the controller, every other rank a worker.
+int run_mpi(int argc, char** argv, const std::function<void()>& body) {
+  int body_status = 0;
+  const int status = tessera::run(argc, argv, [&] {
+    if (rank() != 0) return detail::mpi_worker_loop();
+    TESSERA_CHECK(world_size() >= 2, ValueError, "controller::run", "under MPI the controller is rank 0 and the "
+                  "workers the others: run at least 2 processes, got ", world_size());
+    detail::ControllerState state;
+    state.mpi = true;
+    state.workers = world_size() - 1;
+    detail::running.store(&state);
+    try {
+      body();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "controller: %s\n", e.what());
+      body_status = 1;
+    }
+    // Receive every reply still owed (a worker cannot end with one unsent), then stop the workers.
+    for (auto& pending : state.unreceived) {
+      try {
+        pending(true);
+      } catch (const std::exception&) {
+        // a reply that failed to arrive: nothing waits for it any more
+      }
+    }
+    auto stop = std::make_shared<detail::Command>();
+    stop->kind = detail::Command::Kind::stop;
+    std::vector<int> all(static_cast<size_t>(state.workers));
+    for (int r = 0; r < state.workers; ++r) all[static_cast<size_t>(r)] = r + 1;
+    state.send(all, stop);
+    for (auto& [work, buffer] : state.outbox) work.wait();
+    detail::running.store(nullptr);
+  });
+  return status != 0 ? status : body_status;
+}
+
+}  // namespace
+
 int run(int argc, char** argv, std::function<void()> body) {
   TESSERA_CHECK(!in_rank() && !detail::current(), ValueError, "controller::run",
                 "called inside a rank or a running controller; the controller is the program's main thread");
   const char* forced = std::getenv("TESSERA_BACKEND");
-  TESSERA_CHECK(!mpi::launched_by_mpirun() && !(forced && std::string_view(forced) == "mpi"), ValueError,
-                "controller::run", "MPI workers are not supported yet: run the controller program without mpirun "
-                "(its workers are in-process threads, --ranks N)");
+  if (mpi::launched_by_mpirun() || (forced && std::string_view(forced) == "mpi")) return run_mpi(argc, argv, body);
   const int workers = ranks_from(argc, argv);
   TESSERA_CHECK(workers >= 1, ValueError, "controller::run", "--ranks must be at least 1, got ", workers);
   detail::ControllerState state;
@@ -165,6 +266,11 @@ int num_workers() { return detail::require("controller::num_workers").workers; }
 
 template <class T>
 T Future<T>::get() const {
+  if (state_->pull) {  // a reply from a worker process: receive it now
+    auto pull = std::move(state_->pull);
+    state_->pull = nullptr;
+    pull(*state_);
+  }
   std::unique_lock<std::mutex> lock(state_->mutex);
   // Waits for the worker, looking every 50 ms whether the workers failed (then nothing comes).
   while (!state_->ready_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return state_->done; })) {
@@ -191,15 +297,18 @@ WorkerMesh::WorkerMesh(std::vector<int64_t> shape, std::vector<std::string> name
   TESSERA_CHECK(points == state.workers, ShardingError, "WorkerMesh", "a mesh of shape ", Shape(shape).to_string(),
                 " has ", points, " points; there are ", state.workers, " workers");
   std::vector<int> ranks(static_cast<size_t>(state.workers));
-  for (int r = 0; r < state.workers; ++r) ranks[static_cast<size_t>(r)] = r;
+  for (int r = 0; r < state.workers; ++r) ranks[static_cast<size_t>(r)] = r + state.first_worker();
   spec_ = MeshSpec(Shape(shape), names, ranks);
   id_ = state.next_mesh++;
   auto command = std::make_shared<detail::Command>();
   command->kind = detail::Command::Kind::make_mesh;
   command->mesh = id_;
-  command->mesh_shape = std::move(shape);
-  command->mesh_names = std::move(names);
+  command->mesh_shape = shape;
+  command->mesh_names = names;
+  command->args.ints.assign(ranks.begin(), ranks.end());
   state.send(spec_.ranks(), std::move(command));  // collective among all workers
+  // Under MPI the controller is a rank of the world too: it takes part in the construction.
+  if (state.mpi) state.meshes.emplace_back(shape, names, ranks);
 }
 
 WorkerMesh WorkerMesh::slice(const std::map<std::string, int64_t>& at) const {
@@ -241,7 +350,20 @@ uint64_t RemoteTensor::id() const { return handle_ ? handle_->id : 0; }
 
 Layout RemoteTensor::layout() const {
   TESSERA_CHECK(handle_ != nullptr, ValueError, "RemoteTensor::layout", "undefined RemoteTensor");
-  return Future<Layout>(handle_->layout).get();
+  detail::ControllerState* state = detail::current();
+  const auto& future = handle_->layout;
+  if (state && state->mpi && !future->done && !future->pull) {
+    // Workers in other processes report a layout when asked: the mesh's first worker answers.
+    auto command = std::make_shared<detail::Command>();
+    command->kind = detail::Command::Kind::query_layout;
+    command->mesh = handle_->mesh.id();
+    command->output = handle_->id;
+    command->request = state->next_request++;
+    const int worker = handle_->mesh.spec().ranks().front();
+    detail::expect_reply(*state, future, worker, command->request, handle_->mesh.spec());
+    state->send({worker}, std::move(command));
+  }
+  return Future<Layout>(future).get();
 }
 
 Shape RemoteTensor::shape() const { return layout().global_shape(); }
@@ -540,6 +662,10 @@ Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& co
   command->mesh = t.mesh().id();
   command->output = t.id();
   command->reply = state.future<Tensor>();
+  if (state.mpi) {
+    command->request = state.next_request++;
+    detail::expect_reply(state, command->reply, worker, command->request, spec);
+  }
   Future<Tensor> future(command->reply);
   state.send({worker}, std::move(command));
   return future;
@@ -553,6 +679,10 @@ Future<Tensor> fetch_full(const RemoteTensor& t) {
   command->mesh = t.mesh().id();
   command->output = t.id();
   command->reply = state.future<Tensor>();
+  if (state.mpi) {
+    command->request = state.next_request++;
+    detail::expect_reply(state, command->reply, t.mesh().spec().ranks().front(), command->request, t.mesh().spec());
+  }
   Future<Tensor> future(command->reply);
   state.send(t.mesh().spec().ranks(), std::move(command));
   return future;

@@ -13,8 +13,10 @@
 //     Tensor whole = controller::fetch_full(y).get();
 //   });
 //
-// Workers are in-process threads (--ranks N, the threads backend). Commands are data (an op's
-// name and its arguments), not closures, so that another transport can carry them.
+// Workers are in-process threads (--ranks N, the threads backend), or MPI processes under
+// mpirun: rank 0 runs the controller body, every other rank a worker (the same binary). Commands
+// are data (an op's name and its arguments), sent to worker processes as words; replies (a
+// fetched tensor, a layout, an error) come back when the controller asks for them.
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -44,7 +46,8 @@ struct HandleAccess;
 }  // namespace detail
 
 /// Runs `body` once, on the controller (the calling thread), with --ranks N (or TESSERA_RANKS,
-/// default 4) workers as in-process threads. When body returns every worker finishes the work
+/// default 4) workers as in-process threads; under mpirun (or TESSERA_BACKEND=mpi) rank 0 runs
+/// body and ranks 1..N-1 are the workers. When body returns every worker finishes the work
 /// queued before, then stops. Returns 0, or 1 after printing the error if body threw (the
 /// workers are stopped either way). Throws ValueError when called inside a rank or a controller.
 int run(int argc, char** argv, std::function<void()> body);
@@ -68,8 +71,8 @@ class Future {
 extern template class Future<Tensor>;
 extern template class Future<Layout>;
 
-/// A mesh of workers, as the controller sees it: a shape, axis names and the worker ranks. Each
-/// worker holds the matching DeviceMesh. Construction enqueues the mesh's creation on every
+/// A mesh of workers, as the controller sees it: a shape, axis names and the workers' world
+/// ranks (0..N-1 in-process, 1..N-1 under MPI). Each worker holds the matching DeviceMesh. Construction enqueues the mesh's creation on every
 /// worker (it is collective among them); slice() is local.
 class WorkerMesh {
  public:

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -138,10 +137,6 @@ TEST(Controller, LifecycleAndShutdown) {
             }),
             0);
   EXPECT_TRUE(body_done);
-  // Workers as MPI processes are not there yet: a clear refusal rather than threads per process.
-  setenv("TESSERA_BACKEND", "mpi", 1);
-  EXPECT_TRUE(throws_with<ValueError>([] { run_controller(2, [] {}); }, {"[controller::run]", "MPI workers are not supported yet"}));
-  unsetenv("TESSERA_BACKEND");
   // The mesh must cover the workers.
   EXPECT_EQ(run_controller(2, [] {
               EXPECT_TRUE(sharding_error([] { controller::WorkerMesh({3}, {"x"}); }, {"[WorkerMesh]", "2 workers"}));

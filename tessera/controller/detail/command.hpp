@@ -14,9 +14,11 @@
 #include <string>
 #include <vector>
 
+#include <tessera/comm/work.hpp>
 #include <tessera/controller/controller.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/dtensor/dtensor.hpp>
+#include <tessera/mesh/device_mesh.hpp>
 #include <tessera/sharding/layout.hpp>
 
 namespace tessera::controller::detail {
@@ -45,6 +47,8 @@ struct FutureState {
   std::string error;  // set instead of value on failure
   bool done = false;
   std::shared_ptr<Health> health;
+  /// With workers in other processes: receives the reply (get() calls it, outside the lock).
+  std::function<void(FutureState&)> pull;
 
   void set(T v) {
     {
@@ -76,7 +80,7 @@ struct OpArgs {
 };
 
 struct Command {
-  enum class Kind : uint8_t { make_mesh, slice_mesh, run_op, seed, fetch_shard, fetch_full, drop, stop };
+  enum class Kind : uint8_t { make_mesh, slice_mesh, run_op, seed, fetch_shard, fetch_full, drop, stop, query_layout };
   Kind kind = Kind::stop;
   int64_t mesh = -1;    // the mesh it runs on (make/slice: the new mesh's id)
   int64_t stream = 0;   // the stream it runs on
@@ -97,7 +101,16 @@ struct Command {
   std::vector<std::shared_ptr<FutureState<Layout>>> layouts;  // theirs
   // fetch
   std::shared_ptr<FutureState<Tensor>> reply;
+  // Workers in other processes answer a request by id instead of through the futures above
+  // (fetch_shard, fetch_full, query_layout); 0: no answer wanted.
+  uint64_t request = 0;
 };
+
+/// Tags of the controller's messages on the world communicator: a command's length and words;
+/// a reply to request r (its header length, header words, then a tensor's bytes).
+inline constexpr int kCommandLengthTag = 1 << 27;
+inline constexpr int kCommandTag = (1 << 27) + 1;
+inline int reply_tag(uint64_t request) { return (1 << 27) + 2 + static_cast<int>(request % (1u << 26)); }
 
 /// One worker's queue: the controller pushes, the worker pops in order.
 class CommandQueue {
@@ -126,6 +139,15 @@ class CommandQueue {
 /// The controller's side while run's body executes: the workers' queues and the id counters.
 struct ControllerState {
   int workers = 0;
+  /// Workers are MPI processes (world ranks 1..workers; the controller is rank 0), else
+  /// in-process threads (ranks 0..workers-1) fed by `queues`.
+  bool mpi = false;
+  std::atomic<uint64_t> next_request{1};
+  std::vector<std::pair<Work, std::shared_ptr<std::vector<int64_t>>>> outbox;  // MPI sends in flight
+  /// MPI: every reply requested and not yet received; shutdown receives them (a worker cannot end
+  /// with a reply unsent).
+  std::vector<std::function<bool(bool receive)>> unreceived;  // (false): still owed? (true): receive it
+  std::vector<DeviceMesh> meshes;  // MPI: the controller's handles of the workers' meshes
   std::shared_ptr<Health> health = std::make_shared<Health>();
   template <class T>
   std::shared_ptr<FutureState<T>> future() const {
@@ -137,10 +159,10 @@ struct ControllerState {
   // Streams: names by id (0 is "main") and the one ops are issued on now.
   std::vector<std::string> streams{"main"};
   int64_t active_stream = 0;
-  /// Sends `command` to every worker in `ranks`.
-  void send(const std::vector<int>& ranks, std::shared_ptr<const Command> command) {
-    for (int r : ranks) queues[static_cast<size_t>(r)]->push(command);
-  }
+  /// Sends `command` to every worker in `ranks` (world ranks).
+  void send(const std::vector<int>& ranks, std::shared_ptr<const Command> command);
+  /// The world rank of the first worker.
+  int first_worker() const { return mpi ? 1 : 0; }
 };
 
 /// The running controller, or null outside run's body.
@@ -177,6 +199,8 @@ struct HandleAccess {
 /// Runs commands on this worker (a rank of the workers' world) until a stop command. A failure
 /// outside an op goes to `health` (the worker keeps serving).
 void worker_loop(CommandQueue& queue, Health& health);
+/// The same for a worker process: commands arrive from world rank 0, replies go back to it.
+void mpi_worker_loop();
 /// The remote functions registered by name (every worker of this process sees them).
 using RemoteFn = std::function<std::vector<DTensor>(const DeviceMesh&, const std::vector<DTensor>&)>;
 const RemoteFn* find_remote(const std::string& name);

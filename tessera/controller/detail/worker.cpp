@@ -7,9 +7,12 @@
 #include <functional>
 #include <unordered_map>
 
+#include <tessera/comm/communicator.hpp>
+#include <tessera/controller/detail/wire.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/mesh/device_mesh.hpp>
+#include <tessera/mpmd/detail/layout_wire.hpp>
 #include <tessera/ops/random.hpp>
 #include <tessera/runtime/runtime.hpp>
 
@@ -114,6 +117,43 @@ struct Value {
 
 std::string worker_error(const std::string& what) { return "worker rank " + std::to_string(rank()) + ": " + what; }
 
+// A worker process's replies to the controller (world rank 0), sent without waiting and kept
+// until they finish; null for in-process workers, which answer through the futures.
+struct MpiReplies {
+  std::vector<std::pair<Work, std::shared_ptr<void>>> inflight;
+
+  void send(uint64_t request, const Reply& header, const Tensor* payload) {
+    Communicator& comm = world();
+    const int tag = reply_tag(request);
+    auto words = std::make_shared<std::vector<int64_t>>(encode_reply(header));
+    auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(words->size()));
+    inflight.emplace_back(comm.isend(length->data(), 1, DType::i64, 0, tag), length);
+    inflight.emplace_back(comm.isend(words->data(), static_cast<int64_t>(words->size()), DType::i64, 0, tag), words);
+    if (payload && payload->numel() > 0) {
+      auto bytes = std::make_shared<Tensor>(payload->contiguous());
+      inflight.emplace_back(comm.isend(bytes->raw_data(), bytes->numel(), bytes->dtype(), 0, tag), bytes);
+    }
+    const auto done = std::partition(inflight.begin(), inflight.end(), [](const auto& w) { return !w.first.is_completed(); });
+    inflight.erase(done, inflight.end());
+  }
+};
+thread_local MpiReplies* mpi_replies = nullptr;
+
+void reply_error(const Command& c, const std::string& error) {
+  if (c.reply) return c.reply->fail(error);
+  if (c.request && mpi_replies) mpi_replies->send(c.request, Reply{false, error, true, DType::f32, {}, {}}, nullptr);
+}
+
+void reply_tensor(const Command& c, const Tensor& t) {
+  if (c.reply) return c.reply->set(t);
+  if (c.request && mpi_replies) mpi_replies->send(c.request, Reply{true, {}, true, t.dtype(), t.shape(), {}}, &t);
+}
+
+void reply_layout(const Command& c, const Layout& layout) {
+  if (c.request && mpi_replies)
+    mpi_replies->send(c.request, Reply{true, {}, false, DType::f32, {}, mpmd::detail::encode_layout(layout)}, nullptr);
+}
+
 // A remote function: the user's SPMD code on this worker's DTensors; its results become values.
 void run_remote(const Command& c, std::unordered_map<uint64_t, Value>& values, const DeviceMesh& mesh) {
   std::string error;
@@ -141,7 +181,7 @@ void run_remote(const Command& c, std::unordered_map<uint64_t, Value>& values, c
     Value& out = values[c.outputs[i]];
     if (error.empty()) out.tensor = results[i];
     else out.error = error;
-    if (!reporter) continue;
+    if (!reporter || i >= c.layouts.size()) continue;  // workers in other processes report when asked
     if (error.empty()) c.layouts[i]->set(results[i].layout());
     else c.layouts[i]->fail(error);
   }
@@ -167,8 +207,18 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
       case Command::Kind::stop:
         return false;
       case Command::Kind::make_mesh:
-        meshes.emplace(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names));
+        meshes.emplace(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names, std::vector<int>(c.args.ints.begin(), c.args.ints.end())));
         break;
+      case Command::Kind::query_layout: {
+        const auto it = values.find(c.output);
+        if (it == values.end())
+          reply_error(c, worker_error("[layout] tensor " + std::to_string(c.output) + " was dropped"));
+        else if (!it->second.error.empty())
+          reply_error(c, it->second.error);
+        else
+          reply_layout(c, it->second.tensor.layout());
+        break;
+      }
       case Command::Kind::slice_mesh:
         meshes.emplace(c.mesh, meshes.at(c.parent).slice(c.at));
         break;
@@ -233,11 +283,11 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
       case Command::Kind::fetch_shard: {
         const auto it = values.find(c.output);
         if (it == values.end())
-          c.reply->fail(worker_error("[fetch_shard] tensor " + std::to_string(c.output) + " was dropped"));
+          reply_error(c, worker_error("[fetch_shard] tensor " + std::to_string(c.output) + " was dropped"));
         else if (!it->second.error.empty())
-          c.reply->fail(it->second.error);
+          reply_error(c, it->second.error);
         else
-          c.reply->set(it->second.tensor.to_local().clone());
+          reply_tensor(c, it->second.tensor.to_local().clone());
         break;
       }
       case Command::Kind::fetch_full: {
@@ -254,9 +304,9 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
         }
         if (mesh.spec().ranks().front() == rank()) {
           if (error.empty())
-            c.reply->set(whole);
+            reply_tensor(c, whole);
           else
-            c.reply->fail(error);
+            reply_error(c, error);
         }
         break;
       }
@@ -266,6 +316,29 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
 }
 
 }  // namespace
+
+void mpi_worker_loop() {
+  std::unordered_map<uint64_t, Value> values;
+  std::unordered_map<int64_t, DeviceMesh> meshes;
+  MpiReplies replies;
+  mpi_replies = &replies;
+  Communicator& comm = world();
+  for (bool running = true; running;) {
+    int64_t length = 0;
+    wait_polling(comm.irecv(&length, 1, DType::i64, 0, kCommandLengthTag));
+    std::vector<int64_t> words(static_cast<size_t>(length));
+    comm.recv(words.data(), length, DType::i64, 0, kCommandTag);
+    const Command command = decode_command(words);
+    try {
+      running = execute(command, values, meshes);
+    } catch (const std::exception& e) {
+      reply_error(command, worker_error(e.what()));
+    }
+  }
+  // The controller receives every reply it asked for before stopping the workers.
+  for (auto& [work, buffer] : replies.inflight) work.wait();
+  mpi_replies = nullptr;
+}
 
 void worker_loop(CommandQueue& queue, Health& health) {
   std::unordered_map<uint64_t, Value> values;
@@ -278,7 +351,7 @@ void worker_loop(CommandQueue& queue, Health& health) {
       // Not an op's failure (those stay with its output): the worker's own state is broken, so
       // every future still waiting fails with this.
       health.fail(worker_error(e.what()));
-      if (command->reply) command->reply->fail(worker_error(e.what()));
+      reply_error(*command, worker_error(e.what()));
     }
   }
 }
