@@ -38,6 +38,7 @@ std::string parent_of(const std::string& path) {
 // What parallelize plans for: a module, the units its parameters fall into (what a pipeline
 // stage or an FSDP choice takes whole), its tensor parallel plan, how to time its step.
 struct Subject {
+  explicit Subject(nn::Module& m) : model(m) {}
   nn::Module& model;
   int64_t units = 0;
   std::function<int64_t(const std::string& path)> unit_of;          // a parameter's unit
@@ -567,7 +568,8 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
         if (!shard) continue;
         gather = std::max(gather, c.gather_bytes);
         for (std::string& m : subject.unit_modules(u)) e.fsdp_modules.push_back(std::move(m));
-        labels += (labels.empty() ? "" : ",") + subject.unit_label(u);
+        if (!labels.empty()) labels += ',';
+        labels += subject.unit_label(u);
       }
       e.memory_bytes += gather;
       e.fits = e.memory_bytes <= memory_budget_bytes;
@@ -595,7 +597,7 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
 
 // The transformer LM as units: embeddings, each block, norm and head.
 Subject lm_subject(nn::TransformerLM& model, const ParallelizeOptions& options) {
-  Subject s{model};
+  Subject s(model);
   s.units = detail::unit_count(model);
   s.unit_of = [&model](const std::string& path) { return detail::unit_of(model, path); };
   s.unit_modules = [&model](int64_t u) { return detail::unit_modules(model, u); };
@@ -612,7 +614,7 @@ Subject module_subject(nn::Module& model, const ParallelizeOptions& options) {
   auto owners = std::make_shared<std::vector<std::string>>();
   for (const auto& [path, p] : model.named_parameters())
     if (std::find(owners->begin(), owners->end(), parent_of(path)) == owners->end()) owners->push_back(parent_of(path));
-  Subject s{model};
+  Subject s(model);
   s.units = static_cast<int64_t>(owners->size());
   s.unit_of = [owners](const std::string& path) {
     return static_cast<int64_t>(std::find(owners->begin(), owners->end(), parent_of(path)) - owners->begin());

@@ -263,7 +263,9 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
             for (int64_t d = 0; d < mesh.ndim(); ++d)
               if (std::find(c.args.ints.begin() + 2, c.args.ints.end(), d) == c.args.ints.end())
                 kept.push_back(out.tensor.placements()[static_cast<size_t>(d)]);
-            out.tensor = DTensor::from_local(out.tensor.to_local(), onto, kept, {false, out.tensor.shape()});
+            FromLocalOptions global;
+            global.shape = out.tensor.shape();
+            out.tensor = DTensor::from_local(out.tensor.to_local(), onto, kept, global);
           }
           if (!onto.is_member()) values.erase(c.output);
           if (onto.spec().ranks().front() == rank() && c.layout) {
