@@ -70,5 +70,7 @@ TEST(ControllerMpi, WorkersAsProcesses) {
   });
   EXPECT_EQ(status, 0);
   const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (world_rank && std::string(world_rank) == "0") EXPECT_TRUE(ran);
+  if (world_rank && std::string(world_rank) == "0") {
+    EXPECT_TRUE(ran);
+  }
 }

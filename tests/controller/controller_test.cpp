@@ -71,8 +71,9 @@ TEST(Controller, OpsEqualTheSpmdProgram) {
     EXPECT_TRUE(same(controller::fetch_shard(x, {1, 0}).get(), whole_x.narrow(0, 3, 3).contiguous()));
     // Ops by name from the op table: every elementwise op is there.
     const auto names = controller::op_names();
-    for (const char* op : {"add", "exp", "gelu", "matmul", "mul_scalar", "redistribute", "where"})
-      if (std::string(op) != "where") EXPECT_NE(std::find(names.begin(), names.end(), op), names.end()) << op;
+    for (const char* op : {"add", "exp", "gelu", "matmul", "mul_scalar", "redistribute", "mesh_reduce", "eq"}) {
+      EXPECT_NE(std::find(names.begin(), names.end(), op), names.end()) << op;
+    }
     EXPECT_TRUE(same(controller::fetch_full(controller::call("sub", {y, y})).get(), zeros({6, 3})));
   });
   EXPECT_EQ(status, 0);

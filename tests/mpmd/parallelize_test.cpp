@@ -132,12 +132,16 @@ TEST(Parallelize, SequenceParallelWhereOnlyItFits) {
     int64_t smallest = std::numeric_limits<int64_t>::max();
     for (const PlanEstimate& e : all.candidates) smallest = std::min(smallest, e.memory_bytes);
     for (const PlanEstimate& e : all.candidates) {
-      if (e.memory_bytes == smallest) EXPECT_TRUE(e.sequence_parallel && e.fsdp) << e.name << "\n" << all.to_string();
+      if (e.memory_bytes == smallest) {
+        EXPECT_TRUE(e.sequence_parallel && e.fsdp) << e.name << "\n" << all.to_string();
+      }
       // The same plan without sequence parallelism holds more.
-      if (e.sequence_parallel)
-        for (const PlanEstimate& f : all.candidates)
-          if (!f.sequence_parallel && f.tp_axis == e.tp_axis && f.fsdp == e.fsdp && f.dp_axes == e.dp_axes)
-            EXPECT_LT(e.memory_bytes, f.memory_bytes) << e.name;
+      if (!e.sequence_parallel) continue;
+      for (const PlanEstimate& f : all.candidates) {
+        if (!f.sequence_parallel && f.tp_axis == e.tp_axis && f.fsdp == e.fsdp && f.dp_axes == e.dp_axes) {
+          EXPECT_LT(e.memory_bytes, f.memory_bytes) << e.name;
+        }
+      }
     }
     const ParallelPlan tight = plan_parallelism(model, smallest, shapes(8, 64));
     EXPECT_TRUE(tight.chosen.sequence_parallel && tight.chosen.fsdp) << tight.to_string();
