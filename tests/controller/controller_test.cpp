@@ -11,6 +11,7 @@
 #include <tessera/controller/controller.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/op_table.hpp>
 #include <tessera/ops/ops.hpp>
 #include <tessera/ops/random.hpp>
 #include <tessera/runtime/runtime.hpp>
@@ -262,6 +263,46 @@ TEST(Controller, MeshReduce) {
     const auto sharded = controller::ones({4}, mesh, {Shard{0}, Replicate{}});
     EXPECT_TRUE(throws_with<CommError>([&] { (void)controller::reduce(sharded, {"host"}).layout(); },
                                        {"worker rank 0", "not Replicate over mesh axis 'host'"}));
+  });
+  EXPECT_EQ(status, 0);
+}
+
+// Every elementwise op of the op table, issued by name on RemoteTensors sharded over a 2 x 2
+// mesh, equals the same op on the whole tensor computed here (values in (0.1, 0.9) so that
+// log, sqrt and their kin are defined); binary ops with a tensor and with a scalar.
+TEST(Controller, EveryElementwiseOpEqualsTheLocalResult) {
+  using Unary = Tensor (*)(const Tensor&);
+  using Binary = Tensor (*)(const Tensor&, const Tensor&);
+  std::vector<std::pair<std::string, Unary>> unary;
+#define TESSERA_TEST_UNARY(name, ...) unary.emplace_back(#name, [](const Tensor& x) { return tessera::name(x); });
+  TESSERA_UNARY_OPS(TESSERA_TEST_UNARY)
+#undef TESSERA_TEST_UNARY
+  std::vector<std::pair<std::string, Binary>> binary;
+#define TESSERA_TEST_BINARY(name, ...) \
+  binary.emplace_back(#name, [](const Tensor& a, const Tensor& b) { return tessera::name(a, b); });
+  TESSERA_BINARY_OPS(TESSERA_TEST_BINARY)
+  TESSERA_COMPARISON_OPS(TESSERA_TEST_BINARY)
+#undef TESSERA_TEST_BINARY
+  controller::register_remote("test.inputs", [](const DeviceMesh& mesh, const std::vector<DTensor>&) {
+    const Tensor a = sin(arange(35).to(DType::f32) * 0.7) * 0.4 + 0.5, b = cos(arange(35).to(DType::f32) * 0.3) * 0.4 + 0.5;
+    return std::vector<DTensor>{distribute_tensor(a.reshape({7, 5}), mesh, {Shard{0}, Shard{1}}),
+                                distribute_tensor(b.reshape({7, 5}), mesh, {Shard{0}, Replicate{}})};
+  });
+  const Tensor a = (sin(arange(35).to(DType::f32) * 0.7) * 0.4 + 0.5).reshape({7, 5});
+  const Tensor b = (cos(arange(35).to(DType::f32) * 0.3) * 0.4 + 0.5).reshape({7, 5});
+  const int status = run_controller(4, [&] {
+    const controller::WorkerMesh mesh({2, 2}, {"dp", "tp"});
+    const auto inputs = controller::call_remote("test.inputs", mesh, {}, 2);
+    for (const auto& [name, op] : unary)
+      EXPECT_TRUE(allclose(controller::fetch_full(controller::call(name, {inputs[0]})).get(), op(a), 1e-6, 1e-6)) << name;
+    for (const auto& [name, op] : binary) {
+      const Tensor with_tensor = controller::fetch_full(controller::call(name, {inputs[0], inputs[1]})).get();
+      const Tensor expected = op(a, b);
+      EXPECT_TRUE(with_tensor.dtype() == expected.dtype() && allclose(with_tensor.to(DType::f64), expected.to(DType::f64), 1e-6, 1e-6))
+          << name;
+      const Tensor with_scalar = controller::fetch_full(controller::call(name + "_scalar", {inputs[0]}, {0.5})).get();
+      EXPECT_TRUE(allclose(with_scalar.to(DType::f64), op(a, full({}, 0.5)).to(DType::f64), 1e-6, 1e-6)) << name << "_scalar";
+    }
   });
   EXPECT_EQ(status, 0);
 }
