@@ -72,11 +72,11 @@ int steps_from(int argc, char** argv) {
 int main(int argc, char** argv) {
   const int steps = steps_from(argc, argv);
   // Remote functions are registered before the controller starts: every worker knows them.
-  controller::register_remote("lm.init", [steps](const DeviceMesh& mesh, const std::vector<DTensor>&) {
+  const controller::Remote init = controller::remote("lm.init", [steps](const DeviceMesh& mesh, const std::vector<DTensor>&) {
     rank_state("controller_demo.trainer") = std::make_shared<Trainer>(mesh, steps);
     return std::vector<DTensor>{};
   });
-  controller::register_remote("lm.step", [](const DeviceMesh&, const std::vector<DTensor>&) {
+  const controller::Remote train_step = controller::remote("lm.step", [](const DeviceMesh&, const std::vector<DTensor>&) {
     auto& trainer = *std::static_pointer_cast<Trainer>(rank_state("controller_demo.trainer"));
     return std::vector<DTensor>{trainer.step()};
   });
@@ -88,9 +88,9 @@ int main(int argc, char** argv) {
     const controller::WorkerMesh mesh({2, 2}, {"dp", "tp"});
     std::printf("controller: %d workers as %s; each step calls lm.step on every worker and fetches the loss\n",
                 controller::num_workers(), mesh.to_string().c_str());
-    controller::call_remote("lm.init", mesh, {}, 0);
+    init.call(mesh, {}, 0);
     for (int step = 0; step < steps; ++step) {
-      const controller::RemoteTensor loss = controller::call_remote("lm.step", mesh, {})[0];
+      const controller::RemoteTensor loss = train_step.call(mesh)[0];
       controlled.push_back(controller::fetch_full(loss).get().item<double>());
       std::printf("step %2d  loss %.4f\n", step, controlled.back());
     }

@@ -480,6 +480,11 @@ void register_remote(const std::string& name, RemoteFunction fn) {
                 "' is registered already");
 }
 
+Remote remote(const std::string& name, RemoteFunction fn) {
+  register_remote(name, std::move(fn));
+  return Remote(name);
+}
+
 std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh& mesh,
                                       const std::vector<RemoteTensor>& inputs, int64_t outputs) {
   detail::ControllerState& state = detail::require("call_remote");

@@ -256,6 +256,23 @@ void register_remote(const std::string& name, RemoteFunction fn);
 std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh& mesh,
                                       const std::vector<RemoteTensor>& inputs, int64_t outputs = 1);
 
+/// A remote function's handle (Monarch's `remote`): remote(name, fn) registers fn under name
+/// and returns it; call(mesh, inputs, outputs) is call_remote(name, ...).
+class Remote {
+ public:
+  explicit Remote(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
+  std::vector<RemoteTensor> call(const WorkerMesh& mesh, const std::vector<RemoteTensor>& inputs = {},
+                                 int64_t outputs = 1) const {
+    return call_remote(name_, mesh, inputs, outputs);
+  }
+
+ private:
+  std::string name_;
+};
+/// register_remote(name, fn), returning its handle. Before run, as register_remote.
+Remote remote(const std::string& name, RemoteFunction fn);
+
 /// The local block of the worker at `coordinate` of the tensor's mesh (a clone). Throws
 /// ShardingError at the call for a coordinate outside the mesh.
 Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& coordinate);

@@ -149,7 +149,7 @@ TEST(Controller, LifecycleAndShutdown) {
 // Remote functions: the user's SPMD code on every worker of a mesh, its DTensor results
 // RemoteTensors; a worker that throws fails that worker's results only, naming it.
 TEST(Controller, RemoteFunctions) {
-  controller::register_remote("test.double_and_total", [](const DeviceMesh&, const std::vector<DTensor>& in) {
+  const controller::Remote double_and_total = controller::remote("test.double_and_total", [](const DeviceMesh&, const std::vector<DTensor>& in) {
     return std::vector<DTensor>{in.at(0) * Scalar(2.0), sum(in.at(0))};
   });
   controller::register_remote("test.fails_on_worker_1", [](const DeviceMesh&, const std::vector<DTensor>& in) {
@@ -161,7 +161,7 @@ TEST(Controller, RemoteFunctions) {
   const int status = run_controller(2, [&] {
     const controller::WorkerMesh mesh({2}, {"x"});
     const auto a = controller::full({4, 3}, 1.5, mesh, {Shard{0}});
-    const auto results = controller::call_remote("test.double_and_total", mesh, {a}, 2);
+    const auto results = double_and_total.call(mesh, {a}, 2);
     ASSERT_EQ(results.size(), 2u);
     EXPECT_TRUE(same(controller::fetch_full(results[0]).get(), full({4, 3}, 3.0)));
     EXPECT_NEAR(controller::fetch_full(results[1]).get().item<double>(), 18.0, 1e-6);
