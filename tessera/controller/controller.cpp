@@ -36,6 +36,13 @@ ControllerState& require(const char* call) {
   return *state;
 }
 
+ControllerState& require_mesh(const char* call) {
+  ControllerState& state = require(call);
+  TESSERA_CHECK(state.no_mesh == 0, ValueError, call, "inside a no_mesh scope no work is issued (", call,
+                " would run on workers); end the NoMesh scope first");
+  return state;
+}
+
 void ControllerState::send(const std::vector<int>& ranks, std::shared_ptr<const Command> command) {
   if (!mpi) {
     for (int r : ranks) queues[static_cast<size_t>(r)]->push(command);
@@ -371,7 +378,7 @@ Shape RemoteTensor::shape() const { return layout().global_shape(); }
 RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs, const std::vector<double>& scalars,
                   const std::vector<int64_t>& ints, const WorkerMesh* mesh, const Shape& shape,
                   const Placements& placements, DType dtype) {
-  detail::ControllerState& state = detail::require(op.c_str());
+  detail::ControllerState& state = detail::require_mesh(op.c_str());
   TESSERA_CHECK(detail::has_op(op), ValueError, "controller::call", "no op '", op, "' in the op table");
   const WorkerMesh* on = mesh;
   for (const RemoteTensor& t : inputs) {
@@ -419,7 +426,7 @@ RemoteTensor rand(const Shape& shape, const WorkerMesh& mesh, Placements placeme
 }
 
 void manual_seed(uint64_t seed, const WorkerMesh& mesh) {
-  detail::ControllerState& state = detail::require("controller::manual_seed");
+  detail::ControllerState& state = detail::require_mesh("controller::manual_seed");
   auto command = std::make_shared<detail::Command>();
   command->kind = detail::Command::Kind::seed;
   command->mesh = mesh.id();
@@ -487,7 +494,7 @@ Remote remote(const std::string& name, RemoteFunction fn) {
 
 std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh& mesh,
                                       const std::vector<RemoteTensor>& inputs, int64_t outputs) {
-  detail::ControllerState& state = detail::require("call_remote");
+  detail::ControllerState& state = detail::require_mesh("call_remote");
   TESSERA_CHECK(detail::find_remote(name) != nullptr, ValueError, "call_remote", "no remote function '", name,
                 "' (register_remote it before controller::run)");
   TESSERA_CHECK(outputs >= 0, ValueError, "call_remote", "outputs = ", outputs);
@@ -573,7 +580,7 @@ void Borrow::drop() {
 
 void call_inplace(const std::string& op, const RemoteTensor& target, const std::vector<RemoteTensor>& inputs,
                   const std::vector<double>& scalars, const std::vector<int64_t>& ints) {
-  detail::ControllerState& state = detail::require(op.c_str());
+  detail::ControllerState& state = detail::require_mesh(op.c_str());
   TESSERA_CHECK(detail::has_op(op), ValueError, "controller::call_inplace", "no op '", op, "' in the op table");
   TESSERA_CHECK(target.defined(), ValueError, op, "the target is an undefined RemoteTensor");
   for (const RemoteTensor& t : inputs) {
@@ -614,9 +621,15 @@ std::vector<int64_t> reduce_args(const RemoteTensor& t, const std::vector<std::s
 
 }  // namespace
 
+NoMesh::NoMesh() { ++detail::require("NoMesh").no_mesh; }
+
+NoMesh::~NoMesh() {
+  if (detail::ControllerState* state = detail::current()) --state->no_mesh;
+}
+
 RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter,
-                    const WorkerMesh* onto) {
-  detail::ControllerState& state = detail::require("reduce");
+                    const WorkerMesh* onto, const RemoteTensor* out) {
+  detail::ControllerState& state = detail::require_mesh("reduce");
   TESSERA_CHECK(t.defined(), ValueError, "reduce", "undefined RemoteTensor");
   const std::vector<int64_t> ints = reduce_args(t, axes, op, scatter, "reduce");
   check_read(state, t, "reduce");
@@ -631,6 +644,13 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
     TESSERA_CHECK(inside && !scatter, ShardingError, "reduce", "the target ", describe(*onto),
                   " must be a slice of ", describe(t.mesh()), " over its other axes", scatter ? ", without scatter" : "");
   }
+  const WorkerMesh& result_mesh = onto ? *onto : t.mesh();
+  if (out) {
+    TESSERA_CHECK(out->defined(), ValueError, "reduce", "out is an undefined RemoteTensor");
+    TESSERA_CHECK(out->mesh().id() == result_mesh.id(), ShardingError, "reduce", "out lives on ", describe(out->mesh()),
+                  "; the result lives on ", describe(result_mesh));
+    check_write(state, *out, "reduce");
+  }
   auto command = std::make_shared<detail::Command>();
   command->kind = detail::Command::Kind::run_op;
   command->mesh = t.mesh().id();
@@ -639,10 +659,12 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
   command->inputs = {t.id()};
   command->args.ints = ints;
   command->target = onto ? onto->id() : -1;
-  command->output = state.next_tensor++;
+  command->output = out ? out->id() : state.next_tensor++;
   command->layout = state.future<Layout>();
-  RemoteTensor result = detail::TensorHandle::make(command->output, onto ? *onto : t.mesh(), command->layout,
-                                                   state.active_stream);
+  RemoteTensor result = out ? *out
+                            : detail::TensorHandle::make(command->output, result_mesh, command->layout,
+                                                         state.active_stream);
+  if (out) detail::HandleAccess::of(*out).layout = command->layout;
   state.send(from.ranks(), std::move(command));
   return result;
 }

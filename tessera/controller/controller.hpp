@@ -237,11 +237,24 @@ void mul_(const RemoteTensor& target, const RemoteTensor& other);
 /// slice of t's mesh without those axes (Monarch's `mesh=` such as gpu=0), the result lives on
 /// that slice only. Throws ShardingError for an unknown axis or a bad target (errors on the
 /// workers, such as a sharded axis, surface at the result's futures).
+/// With `out` (Monarch's `out=`), the result is written into out, which must live on the
+/// result's mesh (a write to out under the stream rules), and out is returned.
 RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op = ReduceOp::sum,
-                    bool scatter = false, const WorkerMesh* onto = nullptr);
+                    bool scatter = false, const WorkerMesh* onto = nullptr, const RemoteTensor* out = nullptr);
 /// The same, the result replacing t's value (Monarch's `_inplace=True`); not with `onto`.
 void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op = ReduceOp::sum,
              bool scatter = false);
+
+/// Monarch's no_mesh: while one is alive, issuing work (an op, a factory, a remote function, a
+/// reduce, a seed) is a ValueError, so that code meant to run on the controller alone cannot
+/// start computation by accident. Fetching results stays allowed. Scopes nest.
+class NoMesh {
+ public:
+  NoMesh();
+  ~NoMesh();
+  NoMesh(const NoMesh&) = delete;
+  NoMesh& operator=(const NoMesh&) = delete;
+};
 
 /// Registers a remote function under `name`: SPMD code that every worker of a mesh runs with the
 /// mesh and its DTensors (the RemoteTensor arguments' shards), returning DTensors that become

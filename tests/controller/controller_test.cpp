@@ -223,6 +223,15 @@ TEST(Controller, StreamsAndBorrows) {
     }
     EXPECT_TRUE(same(controller::fetch_full(a).get(), full({4, 4}, 2.0)));
     EXPECT_TRUE(throws_with<ValueError>([&] { comm.borrow(on_comm); }, {"belongs to stream 'comm' already"}));
+    // no_mesh: no work is issued inside it; fetching stays allowed.
+    {
+      controller::NoMesh quiet;
+      EXPECT_TRUE(throws_with<ValueError>([&] { controller::add(a, a); }, {"[add]", "inside a no_mesh scope"}));
+      EXPECT_TRUE(throws_with<ValueError>([&] { controller::ones({2}, mesh, {Replicate{}}); }, {"no_mesh"}));
+      EXPECT_TRUE(throws_with<ValueError>([&] { controller::reduce(a, {"x"}); }, {"[reduce]", "no_mesh"}));
+      EXPECT_TRUE(same(controller::fetch_full(a).get(), full({4, 4}, 2.0)));
+    }
+    EXPECT_TRUE(same(controller::fetch_full(controller::add(a, a)).get(), full({4, 4}, 4.0)));
   });
   EXPECT_EQ(status, 0);
 }
@@ -253,6 +262,13 @@ TEST(Controller, MeshReduce) {
     EXPECT_EQ(onto.mesh().id(), first_gpu.id());
     EXPECT_TRUE(same(controller::fetch_shard(onto, {1}).get(), full({3}, 5.0)));
     EXPECT_EQ(onto.layout().mesh().ranks(), (std::vector<int>{0, 2}));
+    // Into `out` (on the result's mesh), and not into a tensor elsewhere.
+    const auto out = controller::zeros({3}, first_gpu, {Replicate{}});
+    const auto written = controller::reduce(v, {"gpu"}, ReduceOp::sum, false, &first_gpu, &out);
+    EXPECT_EQ(written.id(), out.id());
+    EXPECT_TRUE(same(controller::fetch_shard(out, {0}).get(), full({3}, 1.0)));
+    EXPECT_TRUE(sharding_error([&] { controller::reduce(v, {"gpu"}, ReduceOp::sum, false, nullptr, &out); },
+                               {"[reduce]", "out lives on", "workers [0, 2]"}));
     // In place.
     controller::reduce_(v, {"host", "gpu"});
     EXPECT_TRUE(same(controller::fetch_shard(v, {1, 1}).get(), full({3}, 6.0)));

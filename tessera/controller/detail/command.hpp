@@ -159,6 +159,7 @@ struct ControllerState {
   // Streams: names by id (0 is "main") and the one ops are issued on now.
   std::vector<std::string> streams{"main"};
   int64_t active_stream = 0;
+  int no_mesh = 0;  // open NoMesh scopes
   /// Sends `command` to every worker in `ranks` (world ranks).
   void send(const std::vector<int>& ranks, std::shared_ptr<const Command> command);
   /// The world rank of the first worker.
@@ -169,6 +170,8 @@ struct ControllerState {
 ControllerState* current();
 /// Same, throwing ValueError naming `call` outside run's body.
 ControllerState& require(const char* call);
+/// require(), and no NoMesh scope open: for calls that issue work.
+ControllerState& require_mesh(const char* call);
 
 /// A tensor's controller-side handle: its id, mesh, and the future of its layout. The last
 /// copy's destruction drops the tensor on the workers.

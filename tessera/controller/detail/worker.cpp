@@ -236,6 +236,8 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
         const DeviceMesh& mesh = meshes.at(c.mesh);
         const bool reporter = mesh.spec().ranks().front() == rank();
         Value& out = values[c.output];
+        // A fresh value, unless the op reads its output too (in place): out= overwrites.
+        if (std::find(c.inputs.begin(), c.inputs.end(), c.output) == c.inputs.end()) out = Value{};
         std::vector<DTensor> inputs;
         for (uint64_t id : c.inputs) {
           const auto it = values.find(id);
