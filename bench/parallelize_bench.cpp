@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,18 +71,13 @@ std::pair<Tensor, Tensor> tokens(const Options& o) {
   return {from_vector(ids, Shape{o.batch, o.seq}), from_vector(next, Shape{o.batch, o.seq})};
 }
 
-// Median over reps of forward + loss + backward, the slowest rank's, in us.
-double measure(nn::TransformerLM& model, const mpmd::PlanEstimate& plan, const Options& o) {
-  const DeviceMesh& mesh = model.mesh();
-  Placements data(static_cast<size_t>(mesh.ndim()), Replicate{});
-  for (const auto& a : plan.dp_axes) data[static_cast<size_t>(mesh.spec().dim_of(a))] = Shard{0};
-  const auto [ids, next] = tokens(o);
-  const DTensor x = distribute_tensor(ids, mesh, data), t = distribute_tensor(next, mesh, data);
+// Median over --reps runs of `step` after a warm-up, each the slowest rank's, in us.
+double median_step_us(nn::TransformerLM& model, const Options& o, const std::function<void()>& step) {
   std::vector<double> times;
   for (int i = 0; i <= o.reps; ++i) {
     world().barrier();
     const auto start = std::chrono::steady_clock::now();
-    model.loss(x, t).backward();
+    step();
     double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     world().all_reduce(&us, 1, DType::f64, ReduceOp::max);
     if (i > 0) times.push_back(us);
@@ -91,24 +87,23 @@ double measure(nn::TransformerLM& model, const mpmd::PlanEstimate& plan, const O
   return times[times.size() / 2];
 }
 
+// Median over reps of forward + loss + backward, the slowest rank's, in us.
+double measure(nn::TransformerLM& model, const mpmd::PlanEstimate& plan, const Options& o) {
+  const DeviceMesh& mesh = model.mesh();
+  Placements data(static_cast<size_t>(mesh.ndim()), Replicate{});
+  for (const auto& a : plan.dp_axes) data[static_cast<size_t>(mesh.spec().dim_of(a))] = Shard{0};
+  const auto [ids, next] = tokens(o);
+  const DTensor x = distribute_tensor(ids, mesh, data), t = distribute_tensor(next, mesh, data);
+  return median_step_us(model, o, [&] { model.loss(x, t).backward(); });
+}
+
 // The same for a pipeline plan: median over reps of Pipeline::step, the slowest rank's, in us.
 double measure_pipeline(nn::TransformerLM& model, const mpmd::ParallelPlan& plan, const Options& o) {
   mpmd::Pipeline pipeline = mpmd::make_pipeline(model, plan);
   const auto [ids, next] = tokens(o);
   const DTensor x = distribute_tensor(ids, plan.stage_meshes.front(), plan.data);
   const DTensor t = distribute_tensor(next, plan.stage_meshes.back(), plan.data);
-  std::vector<double> times;
-  for (int i = 0; i <= o.reps; ++i) {
-    world().barrier();
-    const auto start = std::chrono::steady_clock::now();
-    pipeline.step(x, t);
-    double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
-    world().all_reduce(&us, 1, DType::f64, ReduceOp::max);
-    if (i > 0) times.push_back(us);
-    model.zero_grad();
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median_step_us(model, o, [&] { pipeline.step(x, t); });
 }
 
 DeviceMesh mesh_of(const Options& o, int n) {

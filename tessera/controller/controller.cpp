@@ -164,18 +164,6 @@ void check_write(const detail::ControllerState& state, const RemoteTensor& t, co
                 "; stream ", stream_name(state, s), " writes it only through a mutable borrow");
 }
 
-// --ranks N, --ranks=N or TESSERA_RANKS, default 4: as run() reads them.
-int ranks_from(int argc, char** argv) {
-  int ranks = 4;
-  if (const char* env = std::getenv("TESSERA_RANKS")) ranks = std::atoi(env);
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg(argv[i]);
-    if (arg == "--ranks" && i + 1 < argc) ranks = std::atoi(argv[i + 1]);
-    else if (arg.rfind("--ranks=", 0) == 0) ranks = std::atoi(argv[i] + std::strlen("--ranks="));
-  }
-  return ranks;
-}
-
 }  // namespace
 
 namespace {
@@ -223,8 +211,7 @@ int run(int argc, char** argv, std::function<void()> body) {
                 "called inside a rank or a running controller; the controller is the program's main thread");
   const char* forced = std::getenv("TESSERA_BACKEND");
   if (mpi::launched_by_mpirun() || (forced && std::string_view(forced) == "mpi")) return run_mpi(argc, argv, body);
-  const int workers = ranks_from(argc, argv);
-  TESSERA_CHECK(workers >= 1, ValueError, "controller::run", "--ranks must be at least 1, got ", workers);
+  const int workers = ranks_from_args(argc, argv);
   detail::ControllerState state;
   state.workers = workers;
   for (int r = 0; r < workers; ++r) state.queues.push_back(std::make_unique<detail::CommandQueue>());
@@ -674,6 +661,27 @@ void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, Reduce
   call_inplace("mesh_reduce", t, {}, {}, reduce_args(t, axes, op, scatter, "reduce_"));
 }
 
+namespace {
+
+// A fetch of t: sent to `to`, answered by world rank `replier`.
+Future<Tensor> fetch(detail::ControllerState& state, detail::Command::Kind kind, const RemoteTensor& t,
+                     const std::vector<int>& to, int replier) {
+  auto command = std::make_shared<detail::Command>();
+  command->kind = kind;
+  command->mesh = t.mesh().id();
+  command->output = t.id();
+  command->reply = state.future<Tensor>();
+  if (state.mpi) {
+    command->request = state.next_request++;
+    detail::expect_reply(state, command->reply, replier, command->request, t.mesh().spec());
+  }
+  Future<Tensor> future(command->reply);
+  state.send(to, std::move(command));
+  return future;
+}
+
+}  // namespace
+
 Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& coordinate) {
   detail::ControllerState& state = detail::require("fetch_shard");
   TESSERA_CHECK(t.defined(), ValueError, "fetch_shard", "undefined RemoteTensor");
@@ -684,35 +692,14 @@ Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& co
     TESSERA_CHECK(coordinate[d] >= 0 && coordinate[d] < spec.size(static_cast<int64_t>(d)), ShardingError,
                   "fetch_shard", "coordinate ", Shape(coordinate).to_string(), " is outside ", describe(t.mesh()));
   const int worker = spec.rank_at(coordinate);
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::fetch_shard;
-  command->mesh = t.mesh().id();
-  command->output = t.id();
-  command->reply = state.future<Tensor>();
-  if (state.mpi) {
-    command->request = state.next_request++;
-    detail::expect_reply(state, command->reply, worker, command->request, spec);
-  }
-  Future<Tensor> future(command->reply);
-  state.send({worker}, std::move(command));
-  return future;
+  return fetch(state, detail::Command::Kind::fetch_shard, t, {worker}, worker);
 }
 
 Future<Tensor> fetch_full(const RemoteTensor& t) {
   detail::ControllerState& state = detail::require("fetch_full");
   TESSERA_CHECK(t.defined(), ValueError, "fetch_full", "undefined RemoteTensor");
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::fetch_full;
-  command->mesh = t.mesh().id();
-  command->output = t.id();
-  command->reply = state.future<Tensor>();
-  if (state.mpi) {
-    command->request = state.next_request++;
-    detail::expect_reply(state, command->reply, t.mesh().spec().ranks().front(), command->request, t.mesh().spec());
-  }
-  Future<Tensor> future(command->reply);
-  state.send(t.mesh().spec().ranks(), std::move(command));
-  return future;
+  const std::vector<int>& workers = t.mesh().spec().ranks();
+  return fetch(state, detail::Command::Kind::fetch_full, t, workers, workers.front());  // collective over the mesh
 }
 
 }  // namespace tessera::controller

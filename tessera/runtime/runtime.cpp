@@ -90,7 +90,9 @@ Backend choose_backend() {
   return mpi::launched_by_mpirun() ? Backend::mpi : Backend::threads;
 }
 
-int ranks_from(int argc, char** argv) {
+}  // namespace
+
+int ranks_from_args(int argc, char** argv) {
   int ranks = 4;
   if (const char* env = std::getenv("TESSERA_RANKS")) ranks = std::atoi(env);
   for (int i = 1; i < argc; ++i) {
@@ -102,8 +104,6 @@ int ranks_from(int argc, char** argv) {
                 " (from --ranks or TESSERA_RANKS)");
   return ranks;
 }
-
-}  // namespace
 
 void launch(int nranks, std::function<void()> body) {
   TESSERA_CHECK(nranks >= 1, ValueError, "launch", "the number of ranks must be at least 1, got ", nranks);
@@ -162,7 +162,7 @@ int run(int argc, char** argv, std::function<void()> body) {
       mpi::finalize();
       return 0;
     }
-    launch(ranks_from(argc, argv), std::move(body));
+    launch(ranks_from_args(argc, argv), std::move(body));
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "tessera: " << e.what() << "\n";

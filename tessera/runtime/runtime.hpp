@@ -20,6 +20,10 @@ namespace tessera TESSERA_API {
 /// failed process cannot otherwise unblock its peers.
 int run(int argc, char** argv, std::function<void()> body);
 
+/// The number of in-process ranks run() starts on the threads backend: `--ranks N` (or
+/// `--ranks=N`) in argv, else TESSERA_RANKS, else 4. Throws ValueError for fewer than 1.
+int ranks_from_args(int argc, char** argv);
+
 /// Runs body on `nranks` in-process ranks (threads) and returns when all finished. If body
 /// throws on any rank, the others are unblocked with a CommError and launch rethrows the
 /// first failure on the caller, with the same exception kind (ValueError, CommError, ...) and

@@ -199,6 +199,20 @@ std::vector<std::string> table_op_names() {
 
 namespace {
 
+// The value a fetch or a query reads, or null after replying why there is none.
+const DTensor* readable(const Command& c, const std::unordered_map<uint64_t, Value>& values, const char* call) {
+  const auto it = values.find(c.output);
+  if (it == values.end()) {
+    reply_error(c, worker_error(std::string("[") + call + "] tensor " + std::to_string(c.output) + " was dropped"));
+    return nullptr;
+  }
+  if (!it->second.error.empty()) {
+    reply_error(c, it->second.error);
+    return nullptr;
+  }
+  return &it->second.tensor;
+}
+
 // Runs one command; false for stop.
 bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
              std::unordered_map<int64_t, DeviceMesh>& meshes) {
@@ -207,18 +221,12 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
       case Command::Kind::stop:
         return false;
       case Command::Kind::make_mesh:
-        meshes.emplace(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names, std::vector<int>(c.args.ints.begin(), c.args.ints.end())));
+        meshes.emplace(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names,
+                                          std::vector<int>(c.args.ints.begin(), c.args.ints.end())));
         break;
-      case Command::Kind::query_layout: {
-        const auto it = values.find(c.output);
-        if (it == values.end())
-          reply_error(c, worker_error("[layout] tensor " + std::to_string(c.output) + " was dropped"));
-        else if (!it->second.error.empty())
-          reply_error(c, it->second.error);
-        else
-          reply_layout(c, it->second.tensor.layout());
+      case Command::Kind::query_layout:
+        if (const DTensor* t = readable(c, values, "layout")) reply_layout(c, t->layout());
         break;
-      }
       case Command::Kind::slice_mesh:
         meshes.emplace(c.mesh, meshes.at(c.parent).slice(c.at));
         break;
@@ -284,16 +292,9 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
         }
         break;
       }
-      case Command::Kind::fetch_shard: {
-        const auto it = values.find(c.output);
-        if (it == values.end())
-          reply_error(c, worker_error("[fetch_shard] tensor " + std::to_string(c.output) + " was dropped"));
-        else if (!it->second.error.empty())
-          reply_error(c, it->second.error);
-        else
-          reply_tensor(c, it->second.tensor.to_local().clone());
+      case Command::Kind::fetch_shard:
+        if (const DTensor* t = readable(c, values, "fetch_shard")) reply_tensor(c, t->to_local().clone());
         break;
-      }
       case Command::Kind::fetch_full: {
         const DeviceMesh& mesh = meshes.at(c.mesh);
         const auto it = values.find(c.output);
