@@ -10,8 +10,6 @@
 #include <sstream>
 #include <thread>
 
-#include <unistd.h>
-
 #include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
@@ -72,34 +70,20 @@ double time_step_us(const std::function<void()>& step, nn::Module& model, const 
 
 // One unsharded step's time on this mesh at [rows, seq]: every rank computes the whole step.
 double measure_unsharded_step_us(nn::TransformerLM& model, int64_t rows, const ParallelizeOptions& options) {
-  const auto& c = model.config();
-  std::vector<int64_t> ids(static_cast<size_t>(rows * options.seq)), next(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<int64_t>((i * 7 + 3) % static_cast<size_t>(c.vocab));
-    next[i] = static_cast<int64_t>((i * 7 + 10) % static_cast<size_t>(c.vocab));
-  }
-  const DeviceMesh& mesh = model.mesh();
-  const Placements whole(static_cast<size_t>(mesh.ndim()), Replicate{});
-  const DTensor tokens = distribute_tensor(from_vector(ids, Shape{rows, options.seq}), mesh, whole);
-  const DTensor targets = distribute_tensor(from_vector(next, Shape{rows, options.seq}), mesh, whole);
-  return time_step_us([&] { model.loss(tokens, targets).backward(); }, model, mesh);
+  const auto [tokens, targets] = detail::synthetic_batch(model, rows, options.seq);
+  return time_step_us([&] { model.loss(tokens, targets).backward(); }, model, model.mesh());
 }
 
-// How many ranks of `mesh` share each core of the most crowded host (at least 1): in-process
-// ranks all share this machine; MPI ranks count those on this host by name.
+// How many ranks share each core of the most crowded host of `mesh` (at least 1): in-process
+// ranks all share this machine (simulated hosts too); MPI ranks those of their host.
 double ranks_per_core(const DeviceMesh& mesh) {
   const unsigned cores = std::thread::hardware_concurrency();
   const auto comm = mesh.mesh_comm_ptr();
   if (cores == 0 || !comm) return 1;
-  int64_t local = world_size();
-  if (world().backend() != "threads") {
-    char name[256] = {};
-    gethostname(name, sizeof name - 1);
-    const int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(name) >> 1);
-    std::vector<int64_t> all(static_cast<size_t>(mesh.size()));
-    comm->all_gather(&mine, all.data(), 1, DType::i64);
-    local = std::count(all.begin(), all.end(), mine);
-  }
+  const HostTopology& hosts = host_topology();
+  const auto local = world().backend() == "threads" || hosts.is_simulated()
+                         ? static_cast<size_t>(world_size())
+                         : hosts.ranks_on(hosts.host_of(rank())).size();
   double sharing = std::max(1.0, static_cast<double>(local) / static_cast<double>(cores));
   comm->all_reduce(&sharing, 1, DType::f64, ReduceOp::max);
   return sharing;
@@ -160,6 +144,16 @@ std::vector<PlanEstimate> candidates_of(const MeshSpec& spec, bool tensor_parall
   return out;
 }
 
+// The ranks that split the batch under a candidate, and those that split one stage's compute.
+int64_t dp_ways_of(const PlanEstimate& e, const MeshSpec& spec) {
+  int64_t ways = 1;
+  for (const auto& a : e.dp_axes) ways *= spec.size(spec.dim_of(a, "parallelize"));
+  return ways;
+}
+int64_t ways_of(const PlanEstimate& e, const MeshSpec& spec) {
+  return dp_ways_of(e, spec) * (e.tp_axis.empty() ? 1 : spec.size(spec.dim_of(e.tp_axis, "parallelize")));
+}
+
 // One unit's share of a candidate's cost per step on a stage's mesh.
 struct UnitCost {
   double comm_us = 0;
@@ -178,8 +172,8 @@ std::vector<UnitCost> price_units(const PlanEstimate& e, const Subject& subject,
   const PlanOptions plan_options{cost};
   const int64_t tp = e.tp_axis.empty() ? -1 : spec.dim_of(e.tp_axis, "parallelize");
   std::vector<int64_t> dp;
-  int64_t dp_ways = 1;
-  for (const auto& a : e.dp_axes) dp.push_back(spec.dim_of(a, "parallelize")), dp_ways *= spec.size(dp.back());
+  for (const auto& a : e.dp_axes) dp.push_back(spec.dim_of(a, "parallelize"));
+  const int64_t dp_ways = dp_ways_of(e, spec);
   std::vector<UnitCost> units(static_cast<size_t>(subject.units));
   const auto price = [&](UnitCost& u, const Layout& src, const Layout& dst, int64_t times) {
     const Plan p = plan(src, dst, plan_options);
@@ -274,28 +268,32 @@ std::vector<UnitCost> price_units(const PlanEstimate& e, const Subject& subject,
   return units;
 }
 
-// The ranks that split one stage's compute under a candidate.
-int64_t ways_of(const PlanEstimate& e, const MeshSpec& spec) {
-  int64_t ways = e.tp_axis.empty() ? 1 : spec.size(spec.dim_of(e.tp_axis, "parallelize"));
-  for (const auto& a : e.dp_axes) ways *= spec.size(spec.dim_of(a, "parallelize"));
-  return ways;
+
+
+// The memory per rank of units [first, end) holding `held` microbatches' activations: their
+// state, the activations, and the largest FSDP gather (one at a time).
+int64_t memory_of(const std::vector<UnitCost>& units, int64_t first, int64_t end, int64_t held) {
+  int64_t state = 0, activations = 0, gather = 0;
+  for (int64_t u = first; u < end; ++u) {
+    const UnitCost& c = units[static_cast<size_t>(u)];
+    state += c.state_bytes, activations += c.activation_bytes, gather = std::max(gather, c.gather_bytes);
+  }
+  return state + held * activations + gather;
+}
+
+// A candidate's communication and memory without a pipeline: the sum over its units.
+void total(PlanEstimate& e, const std::vector<UnitCost>& units, int64_t budget) {
+  e.comm_us = 0, e.comm_calls = 0, e.comm_bytes = 0;
+  for (const UnitCost& u : units) e.comm_us += u.comm_us, e.comm_calls += u.calls, e.comm_bytes += u.bytes;
+  e.memory_bytes = memory_of(units, 0, static_cast<int64_t>(units.size()), 1);
+  e.fits = budget <= 0 || e.memory_bytes <= budget;
 }
 
 // Prices a candidate without a pipeline: the whole step on the mesh.
 void estimate(PlanEstimate& e, const Subject& subject, const ParallelizeOptions& options, double compute_us,
               const CostModel& cost, int64_t budget) {
-  const MeshSpec& spec = subject.model.mesh().spec();
   e.compute_us = compute_us;
-  int64_t memory = 0, largest_gather = 0;
-  for (const UnitCost& u : price_units(e, subject, spec, cost, options.batch, options.seq, 1)) {
-    e.comm_us += u.comm_us;
-    e.comm_calls += u.calls;
-    e.comm_bytes += u.bytes;
-    memory += u.state_bytes + u.activation_bytes;
-    largest_gather = std::max(largest_gather, u.gather_bytes);
-  }
-  e.memory_bytes = memory + largest_gather;
-  e.fits = budget <= 0 || e.memory_bytes <= budget;
+  total(e, price_units(e, subject, subject.model.mesh().spec(), cost, options.batch, options.seq, 1), budget);
 }
 
 // FSDP for some units only (FSDP2's fully_shard per submodule), the rest DDP over the same
@@ -372,14 +370,7 @@ struct PipelinePricing {
   int64_t held(int64_t s) const {
     return schedule == Schedule::gpipe ? microbatches : std::min(microbatches, stages - s);
   }
-  int64_t memory_bytes(int64_t s, int64_t first, int64_t end) const {
-    int64_t state = 0, activations = 0, gather = 0;
-    for (int64_t u = first; u < end; ++u) {
-      const UnitCost& c = units[static_cast<size_t>(u)];
-      state += c.state_bytes, activations += c.activation_bytes, gather = std::max(gather, c.gather_bytes);
-    }
-    return state + held(s) * activations + gather;
-  }
+  int64_t memory_bytes(int64_t s, int64_t first, int64_t end) const { return memory_of(units, first, end, held(s)); }
 };
 
 // Stage boundaries minimising the slowest stage's time per microbatch over contiguous runs of
@@ -421,8 +412,7 @@ void estimate_pipeline(PlanEstimate& e, const Subject& subject, const Paralleliz
   p.schedule = options.schedule;
   p.units = price_units(e, subject, spec, cost, rows, options.seq, n);
   p.compute_us = std::move(unit_compute_us);
-  int64_t dp_ways = 1;
-  for (const auto& a : e.dp_axes) dp_ways *= spec.size(spec.dim_of(a, "parallelize"));
+  const int64_t dp_ways = dp_ways_of(e, spec);
   p.boundary_bytes = (rows + dp_ways - 1) / dp_ways * options.seq * subject.boundary_features * itemsize(DType::f32);
   p.boundary_us = cost.call_us + static_cast<double>(p.boundary_bytes) / cost.bytes_per_us;
   std::vector<int64_t> bounds = choose_boundaries(p, budget);
@@ -557,22 +547,15 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
       if (sharded.empty() || static_cast<int64_t>(sharded.size()) == subject.units) continue;
       PlanEstimate e = d;
       e.fsdp = true;
-      e.comm_us = 0, e.comm_calls = 0, e.comm_bytes = 0, e.memory_bytes = 0;
-      int64_t gather = 0;
+      std::vector<UnitCost> units = ddp_units;
       std::string labels;
-      for (int64_t u = 0; u < subject.units; ++u) {
-        const bool shard = std::find(sharded.begin(), sharded.end(), u) != sharded.end();
-        const UnitCost& c = (shard ? fsdp_units : ddp_units)[static_cast<size_t>(u)];
-        e.comm_us += c.comm_us, e.comm_calls += c.calls, e.comm_bytes += c.bytes;
-        e.memory_bytes += c.state_bytes + c.activation_bytes;
-        if (!shard) continue;
-        gather = std::max(gather, c.gather_bytes);
+      for (int64_t u : sharded) {
+        units[static_cast<size_t>(u)] = fsdp_units[static_cast<size_t>(u)];
         for (std::string& m : subject.unit_modules(u)) e.fsdp_modules.push_back(std::move(m));
         if (!labels.empty()) labels += ',';
         labels += subject.unit_label(u);
       }
-      e.memory_bytes += gather;
-      e.fits = e.memory_bytes <= memory_budget_bytes;
+      total(e, units, memory_budget_bytes);
       const std::string plain = "ddp(" + d.dp_axes.front() + ")";
       e.name = d.name.substr(0, d.name.find(plain)) + "fsdp(" + d.dp_axes.front() + ")[" + labels + "] + " + plain;
       mixed.push_back(std::move(e));
@@ -598,7 +581,7 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
 // The transformer LM as units: embeddings, each block, norm and head.
 Subject lm_subject(nn::TransformerLM& model, const ParallelizeOptions& options) {
   Subject s(model);
-  s.units = detail::unit_count(model);
+  s.units = model.units();
   s.unit_of = [&model](const std::string& path) { return detail::unit_of(model, path); };
   s.unit_modules = [&model](int64_t u) { return detail::unit_modules(model, u); };
   s.unit_label = [&model](int64_t u) { return detail::unit_label(model, u); };
@@ -673,9 +656,9 @@ ParallelPlan plan_parallelism(nn::TransformerLM& model, const DeviceMesh& mesh, 
                   options.pipeline_axis, "' the model must live on this rank's stage mesh ", mine.to_string(),
                   ", not on ", model.mesh().to_string());
     const int64_t stages = mesh.size(axis);
-    TESSERA_CHECK(detail::unit_count(model) >= stages, ShardingError, "parallelize", "a ", stages,
+    TESSERA_CHECK(model.units() >= stages, ShardingError, "parallelize", "a ", stages,
                   "-stage pipeline needs at least as many units (embeddings, ", model.config().layers,
-                  " blocks, head), got ", detail::unit_count(model));
+                  " blocks, head), got ", model.units());
     result.pipeline_axis = options.pipeline_axis;
     result.microbatches = options.microbatches;
     result.schedule = options.schedule;
@@ -739,14 +722,16 @@ Pipeline make_pipeline(nn::TransformerLM& model, const ParallelPlan& plan) {
     for (const std::string& module : plan.chosen.stages[s])
       end = std::max(end, detail::unit_of(model, module + ".") + 1);
     stages.push_back({plan.stage_meshes[s], [&model, first, end](const DTensor& x) {
-                        return detail::run_units(model, first, end, x);
+                        return model.forward_units(first, end, x);
                       }});
     first = end;
   }
   PipelineOptions options;
   options.schedule = plan.schedule;
   options.microbatches = plan.microbatches;
-  return Pipeline(std::move(stages), detail::next_token_loss, options);
+  return Pipeline(std::move(stages),
+                  [&model](const DTensor& logits, const DTensor& targets) { return model.next_token_loss(logits, targets); },
+                  options);
 }
 
 std::vector<DTensor*> stage_parameters(nn::TransformerLM& model, const ParallelPlan& plan) {

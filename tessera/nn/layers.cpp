@@ -129,20 +129,34 @@ TransformerLM::TransformerLM(const DeviceMesh& mesh, const TransformerConfig& co
   head_ = register_module("head", std::make_shared<Linear>(mesh, config.dim, config.vocab, false, config.dtype));
 }
 
-DTensor TransformerLM::forward(const DTensor& tokens) const {
-  TESSERA_CHECK(tokens.ndim() == 2 && tokens.shape()[1] <= config_.max_seq, ValueError, "TransformerLM", "tokens ",
-                tokens.to_string(), " must be [batch, seq] with seq <= ", config_.max_seq);
-  const int64_t seq = tokens.shape()[1];
-  const DTensor positions = DTensor::from_local(arange(seq), mesh(), replicated(mesh()));
-  DTensor x = add(tok_->forward(tokens), pos_->forward(positions));
-  for (const auto& block : blocks_) x = block->forward(x);
-  return head_->forward(norm_->forward(x));
+DTensor TransformerLM::forward(const DTensor& tokens) const { return forward_units(0, units(), tokens); }
+
+DTensor TransformerLM::forward_units(int64_t first, int64_t end, const DTensor& input) const {
+  TESSERA_CHECK(0 <= first && first <= end && end <= units(), ValueError, "TransformerLM::forward_units", "units [",
+                first, ", ", end, ") are not within the model's ", units());
+  DTensor x = input;
+  for (int64_t u = first; u < end; ++u) {
+    if (u == 0) {
+      TESSERA_CHECK(x.ndim() == 2 && x.shape()[1] <= config_.max_seq, ValueError, "TransformerLM", "tokens ",
+                    x.to_string(), " must be [batch, seq] with seq <= ", config_.max_seq);
+      const DTensor positions = DTensor::from_local(arange(x.shape()[1]), mesh(), replicated(mesh()));
+      x = add(tok_->forward(x), pos_->forward(positions));
+    } else if (u == units() - 1) {
+      x = head_->forward(norm_->forward(x));
+    } else {
+      x = blocks_[static_cast<size_t>(u - 1)]->forward(x);
+    }
+  }
+  return x;
+}
+
+DTensor TransformerLM::next_token_loss(const DTensor& logits, const DTensor& targets) const {
+  const int64_t rows = logits.shape()[0] * logits.shape()[1];
+  return cross_entropy(reshape(logits, {rows, logits.shape()[2]}), reshape(targets, {rows}));
 }
 
 DTensor TransformerLM::loss(const DTensor& tokens, const DTensor& targets) const {
-  const DTensor logits = forward(tokens);
-  const int64_t rows = logits.shape()[0] * logits.shape()[1];
-  return cross_entropy(reshape(logits, {rows, config_.vocab}), reshape(targets, {rows}));
+  return next_token_loss(forward(tokens), targets);
 }
 
 }  // namespace tessera::nn

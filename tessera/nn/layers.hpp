@@ -118,6 +118,16 @@ class TransformerLM : public Module {
   DTensor forward(const DTensor& tokens) const;
   /// Mean next-token cross-entropy of forward(tokens) against targets [batch, seq].
   DTensor loss(const DTensor& tokens, const DTensor& targets) const;
+  /// The mean next-token cross-entropy of logits [batch, seq, vocab] against targets [batch, seq].
+  DTensor next_token_loss(const DTensor& logits, const DTensor& targets) const;
+
+  /// The model as a chain of units, what pipeline stages take whole: unit 0 the embeddings (tok,
+  /// pos), unit 1 + i block i, the last unit the final norm and head. forward(tokens) is
+  /// forward_units(0, units(), tokens).
+  int64_t units() const { return config_.layers + 2; }
+  /// Units [first, end) applied to x: token ids [batch, seq] when first is 0, else hidden states
+  /// [batch, seq, dim]; logits when end is units(). Throws ValueError for a bad range or tokens.
+  DTensor forward_units(int64_t first, int64_t end, const DTensor& x) const;
   const TransformerConfig& config() const { return config_; }
 
  private:

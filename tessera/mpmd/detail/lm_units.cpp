@@ -10,79 +10,55 @@
 
 namespace tessera::mpmd::detail {
 
-namespace {
-
-template <class T>
-const T& module_as(const nn::TransformerLM& model, const std::string& path) {
-  return dynamic_cast<const T&>(const_cast<nn::TransformerLM&>(model).submodule(path));
-}
-
-}  // namespace
-
 int64_t unit_of(const nn::TransformerLM& model, const std::string& path) {
   if (path.rfind("tok.", 0) == 0 || path.rfind("pos.", 0) == 0) return 0;
   if (path.rfind("blocks.", 0) == 0) return 1 + std::stoll(path.substr(7, path.find('.', 7) - 7));
   TESSERA_CHECK(path.rfind("norm.", 0) == 0 || path.rfind("head.", 0) == 0, ValueError, "parallelize",
                 "parameter ", path, " belongs to no unit of the transformer LM");
-  return unit_count(model) - 1;
+  return model.units() - 1;
 }
 
 std::vector<std::string> unit_modules(const nn::TransformerLM& model, int64_t unit) {
   if (unit == 0) return {"tok", "pos"};
-  if (unit == unit_count(model) - 1) return {"norm", "head"};
+  if (unit == model.units() - 1) return {"norm", "head"};
   return {"blocks." + std::to_string(unit - 1)};
 }
 
 std::string unit_label(const nn::TransformerLM& model, int64_t unit) {
   if (unit == 0) return "emb";
-  if (unit == unit_count(model) - 1) return "head";
+  if (unit == model.units() - 1) return "head";
   return "b" + std::to_string(unit - 1);
 }
 
-DTensor run_units(const nn::TransformerLM& model, int64_t first, int64_t end, const DTensor& input) {
-  DTensor x = input;
-  for (int64_t u = first; u < end; ++u) {
-    if (u == 0) {
-      const DeviceMesh& mesh = x.device_mesh();
-      const DTensor positions = DTensor::from_local(arange(x.shape()[1]), mesh,
-                                                    Placements(static_cast<size_t>(mesh.ndim()), Replicate{}));
-      x = add(module_as<nn::Embedding>(model, "tok").forward(x), module_as<nn::Embedding>(model, "pos").forward(positions));
-    } else if (u == unit_count(model) - 1) {
-      x = module_as<nn::Linear>(model, "head").forward(module_as<nn::RMSNorm>(model, "norm").forward(x));
-    } else {
-      x = module_as<nn::TransformerBlock>(model, "blocks." + std::to_string(u - 1)).forward(x);
-    }
+std::pair<DTensor, DTensor> synthetic_batch(const nn::TransformerLM& model, int64_t rows, int64_t seq) {
+  const int64_t vocab = model.config().vocab;
+  std::vector<int64_t> ids(static_cast<size_t>(rows * seq)), next(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<int64_t>(i * 7 + 3) % vocab;
+    next[i] = static_cast<int64_t>(i * 7 + 10) % vocab;
   }
-  return x;
-}
-
-DTensor next_token_loss(const DTensor& logits, const DTensor& targets) {
-  const int64_t rows = logits.shape()[0] * logits.shape()[1];
-  return cross_entropy(reshape(logits, {rows, logits.shape()[2]}), reshape(targets, {rows}));
+  const DeviceMesh& mesh = model.mesh();
+  const Placements whole(static_cast<size_t>(mesh.ndim()), Replicate{});
+  return {DTensor::from_local(from_vector(ids, Shape{rows, seq}), mesh, whole),
+          DTensor::from_local(from_vector(next, Shape{rows, seq}), mesh, whole)};
 }
 
 std::vector<double> measure_unit_us(nn::TransformerLM& model, int64_t rows, int64_t seq, const DeviceMesh& agree) {
   const auto& c = model.config();
   const DeviceMesh& mesh = model.mesh();
   const Placements whole(static_cast<size_t>(mesh.ndim()), Replicate{});
-  std::vector<int64_t> ids(static_cast<size_t>(rows * seq)), next(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ids[i] = static_cast<int64_t>((i * 7 + 3) % static_cast<size_t>(c.vocab));
-    next[i] = static_cast<int64_t>((i * 7 + 10) % static_cast<size_t>(c.vocab));
-  }
+  const auto [tokens, targets] = synthetic_batch(model, rows, seq);
   std::vector<float> values(static_cast<size_t>(rows * seq * c.dim));
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
-  const DTensor tokens = DTensor::from_local(from_vector(ids, Shape{rows, seq}), mesh, whole);
-  const DTensor targets = DTensor::from_local(from_vector(next, Shape{rows, seq}), mesh, whole);
   const Tensor hidden_values = from_vector(values, Shape{rows, seq, c.dim});
-  const int64_t units = unit_count(model);
+  const int64_t units = model.units();
   const auto run = [&](int64_t u) {
-    if (u == 0) return sum(run_units(model, 0, 1, tokens)).backward();
+    if (u == 0) return sum(model.forward_units(0, 1, tokens)).backward();
     // A later stage's input: a leaf that wants its gradient, as the pipeline's received activation.
     DTensor hidden = DTensor::from_local(hidden_values, mesh, whole);
     hidden.requires_grad_();
-    if (u == units - 1) return next_token_loss(run_units(model, u, u + 1, hidden), targets).backward();
-    sum(run_units(model, u, u + 1, hidden)).backward();
+    if (u == units - 1) return model.next_token_loss(model.forward_units(u, u + 1, hidden), targets).backward();
+    sum(model.forward_units(u, u + 1, hidden)).backward();
   };
   // This thread's CPU time, not wall time: ranks sharing cores would otherwise measure each
   // other's turns, by chance (a unit's run can be shorter than a scheduler's time slice).
