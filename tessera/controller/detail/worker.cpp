@@ -117,6 +117,24 @@ struct Value {
 
 std::string worker_error(const std::string& what) { return "worker rank " + std::to_string(rank()) + ": " + what; }
 
+// Why value `id` cannot be read ("" when it can): dropped, or failed (its error, passed on).
+std::string unreadable(const std::unordered_map<uint64_t, Value>& values, uint64_t id, const std::string& call,
+                       const char* what) {
+  const auto it = values.find(id);
+  if (it == values.end()) return worker_error("[" + call + "] " + what + " " + std::to_string(id) + " was dropped");
+  return it->second.error;
+}
+
+// An op's inputs; on failure, why (a failed input fails the op alike).
+std::string gather_inputs(const Command& c, const std::unordered_map<uint64_t, Value>& values, const std::string& call,
+                          std::vector<DTensor>& inputs) {
+  for (uint64_t id : c.inputs) {
+    if (std::string error = unreadable(values, id, call, "input tensor"); !error.empty()) return error;
+    inputs.push_back(values.at(id).tensor);
+  }
+  return {};
+}
+
 // A worker process's replies to the controller (world rank 0), sent without waiting and kept
 // until they finish; null for in-process workers, which answer through the futures.
 struct MpiReplies {
@@ -156,15 +174,8 @@ void reply_layout(const Command& c, const Layout& layout) {
 
 // A remote function: the user's SPMD code on this worker's DTensors; its results become values.
 void run_remote(const Command& c, std::unordered_map<uint64_t, Value>& values, const DeviceMesh& mesh) {
-  std::string error;
   std::vector<DTensor> inputs;
-  for (uint64_t id : c.inputs) {
-    const auto it = values.find(id);
-    if (it == values.end()) error = worker_error("[remote " + c.op + "] input tensor " + std::to_string(id) + " was dropped");
-    else if (!it->second.error.empty()) error = it->second.error;
-    if (!error.empty()) break;
-    inputs.push_back(it->second.tensor);
-  }
+  std::string error = gather_inputs(c, values, "remote " + c.op, inputs);
   std::vector<DTensor> results;
   if (error.empty()) {
     try {
@@ -201,16 +212,11 @@ namespace {
 
 // The value a fetch or a query reads, or null after replying why there is none.
 const DTensor* readable(const Command& c, const std::unordered_map<uint64_t, Value>& values, const char* call) {
-  const auto it = values.find(c.output);
-  if (it == values.end()) {
-    reply_error(c, worker_error(std::string("[") + call + "] tensor " + std::to_string(c.output) + " was dropped"));
+  if (std::string error = unreadable(values, c.output, call, "tensor"); !error.empty()) {
+    reply_error(c, error);
     return nullptr;
   }
-  if (!it->second.error.empty()) {
-    reply_error(c, it->second.error);
-    return nullptr;
-  }
-  return &it->second.tensor;
+  return &values.at(c.output).tensor;
 }
 
 // Runs one command; false for stop.
@@ -247,16 +253,7 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
         // A fresh value, unless the op reads its output too (in place): out= overwrites.
         if (std::find(c.inputs.begin(), c.inputs.end(), c.output) == c.inputs.end()) out = Value{};
         std::vector<DTensor> inputs;
-        for (uint64_t id : c.inputs) {
-          const auto it = values.find(id);
-          if (it == values.end()) {
-            out.error = worker_error("[" + c.op + "] input tensor " + std::to_string(id) + " was dropped");
-          } else if (!it->second.error.empty()) {
-            out.error = it->second.error;  // a failed input fails the op alike
-          }
-          if (!out.error.empty()) break;
-          inputs.push_back(it->second.tensor);
-        }
+        if (out.error.empty()) out.error = gather_inputs(c, values, c.op, inputs);
         if (out.error.empty()) {
           try {
             out.tensor = op_table().at(c.op)(inputs, c.args, mesh);
@@ -297,12 +294,11 @@ bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
         break;
       case Command::Kind::fetch_full: {
         const DeviceMesh& mesh = meshes.at(c.mesh);
-        const auto it = values.find(c.output);
-        std::string error = it == values.end() ? worker_error("[fetch_full] tensor dropped") : it->second.error;
+        std::string error = unreadable(values, c.output, "fetch_full", "tensor");
         Tensor whole;
         if (error.empty()) {
           try {
-            whole = it->second.tensor.full_tensor();  // collective over the mesh
+            whole = values.at(c.output).tensor.full_tensor();  // collective over the mesh
           } catch (const std::exception& e) {
             error = worker_error(e.what());
           }
