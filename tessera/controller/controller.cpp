@@ -164,6 +164,18 @@ void check_write(const detail::ControllerState& state, const RemoteTensor& t, co
                 "; stream ", stream_name(state, s), " writes it only through a mutable borrow");
 }
 
+// An op's inputs: defined, on `mesh` (else an error naming both meshes), readable on the active
+// stream.
+void check_inputs(const detail::ControllerState& state, const std::string& call, const std::vector<RemoteTensor>& inputs,
+                  const WorkerMesh& mesh) {
+  for (const RemoteTensor& t : inputs) {
+    TESSERA_CHECK(t.defined(), ValueError, call, "an input is an undefined RemoteTensor");
+    TESSERA_CHECK(t.mesh().id() == mesh.id(), ShardingError, call, "inputs live on two meshes: ", describe(mesh), " and ",
+                  describe(t.mesh()), "; move one onto the other's mesh first");
+    check_read(state, t, call);
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -368,14 +380,12 @@ RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs
   detail::ControllerState& state = detail::require_mesh(op.c_str());
   TESSERA_CHECK(detail::has_op(op), ValueError, "controller::call", "no op '", op, "' in the op table");
   const WorkerMesh* on = mesh;
-  for (const RemoteTensor& t : inputs) {
-    TESSERA_CHECK(t.defined(), ValueError, op, "an input is an undefined RemoteTensor");
-    if (!on) on = &t.mesh();
-    TESSERA_CHECK(t.mesh().id() == on->id(), ShardingError, op, "inputs live on two meshes: ", describe(*on), " and ",
-                  describe(t.mesh()), "; move one onto the other's mesh first");
+  if (!on && !inputs.empty()) {
+    TESSERA_CHECK(inputs.front().defined(), ValueError, op, "an input is an undefined RemoteTensor");
+    on = &inputs.front().mesh();
   }
   TESSERA_CHECK(on != nullptr, ShardingError, op, "no mesh: a factory needs one, an op an input");
-  for (const RemoteTensor& t : inputs) check_read(state, t, op);
+  check_inputs(state, op, inputs, *on);
   auto command = std::make_shared<detail::Command>();
   command->kind = detail::Command::Kind::run_op;
   command->mesh = on->id();
@@ -570,12 +580,7 @@ void call_inplace(const std::string& op, const RemoteTensor& target, const std::
   detail::ControllerState& state = detail::require_mesh(op.c_str());
   TESSERA_CHECK(detail::has_op(op), ValueError, "controller::call_inplace", "no op '", op, "' in the op table");
   TESSERA_CHECK(target.defined(), ValueError, op, "the target is an undefined RemoteTensor");
-  for (const RemoteTensor& t : inputs) {
-    TESSERA_CHECK(t.defined(), ValueError, op, "an input is an undefined RemoteTensor");
-    TESSERA_CHECK(t.mesh().id() == target.mesh().id(), ShardingError, op, "inputs live on two meshes: ",
-                  describe(target.mesh()), " and ", describe(t.mesh()), "; move one onto the other's mesh first");
-    check_read(state, t, op);
-  }
+  check_inputs(state, op, inputs, target.mesh());
   check_write(state, target, op);
   detail::TensorHandle& h = detail::HandleAccess::of(target);
   auto command = std::make_shared<detail::Command>();
