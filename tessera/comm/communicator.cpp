@@ -471,6 +471,8 @@ void Communicator::sendrecv(const void* send, int64_t send_count, int dest, void
   if (failure) std::rethrow_exception(failure);
 }
 
+void Communicator::abort(const std::string& reason) { do_abort(reason); }
+
 void Communicator::barrier() {
   CollectiveCall call{CollectiveKind::barrier};
   synchronize();

@@ -103,6 +103,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   /// Waits for every async call issued so far on this communicator.
   void synchronize();
 
+  /// Fails this group on every rank, from this one: calls blocked in it, and all later calls,
+  /// throw CommError naming `reason` (on the threads backend at once, under MPI within the desync
+  /// grace period). For a rank that will not reach the call its peers wait in (a controller's
+  /// worker whose remote function threw). Not collective. A failed group is not reused.
+  void abort(const std::string& reason);
+
  protected:
   Communicator(int rank, std::vector<int> world_ranks);
 
@@ -127,6 +133,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
                                                       const CollectiveCall& call) = 0;
   virtual void do_barrier(const CollectiveCall& call) = 0;
   virtual std::shared_ptr<Communicator> do_split(int color, int key, const CollectiveCall& call) = 0;
+  virtual void do_abort(const std::string& reason) = 0;
   /// Even forms default to the _v forms; backends override them where a faster path exists.
   virtual void do_all_gather(const void* send, void* recv, int64_t count, DType dtype, const CollectiveCall& call);
   virtual void do_reduce_scatter(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,

@@ -62,6 +62,25 @@ void ControllerState::send(const std::vector<int>& ranks, std::shared_ptr<const 
   outbox.erase(done, outbox.end());
 }
 
+std::vector<int> ControllerState::all_workers() const {
+  std::vector<int> ranks(static_cast<size_t>(workers));
+  for (int r = 0; r < workers; ++r) ranks[static_cast<size_t>(r)] = r + first_worker();
+  return ranks;
+}
+
+void ControllerState::order(const std::vector<int>& ranks, int64_t before, int64_t after) {
+  const uint64_t event = next_event++;
+  auto signal = std::make_shared<Command>();
+  signal->kind = Command::Kind::signal;
+  signal->stream = before;
+  signal->event = event;
+  auto wait = std::make_shared<Command>(*signal);
+  wait->kind = Command::Kind::wait;
+  wait->stream = after;
+  send(ranks, std::move(signal));
+  send(ranks, std::move(wait));
+}
+
 namespace {
 
 // MPI: the future's value comes as request `request`'s reply from world rank `worker`: a header
@@ -110,6 +129,7 @@ TensorHandle::~TensorHandle() {
   auto command = std::make_shared<Command>();
   command->kind = Command::Kind::drop;
   command->mesh = mesh.id();
+  command->stream = stream;  // after its owner's work (a borrower's drop made the owner wait for it)
   command->output = id;
   state->send(mesh.spec().ranks(), std::move(command));
 }
@@ -207,9 +227,7 @@ int run_mpi(int argc, char** argv, const std::function<void()>& body) {
     }
     auto stop = std::make_shared<detail::Command>();
     stop->kind = detail::Command::Kind::stop;
-    std::vector<int> all(static_cast<size_t>(state.workers));
-    for (int r = 0; r < state.workers; ++r) all[static_cast<size_t>(r)] = r + 1;
-    state.send(all, stop);
+    state.send(state.all_workers(), stop);
     for (auto& [work, buffer] : state.outbox) work.wait();
     detail::running.store(nullptr);
   });
@@ -302,8 +320,7 @@ WorkerMesh::WorkerMesh(std::vector<int64_t> shape, std::vector<std::string> name
   for (int64_t n : shape) points *= n;
   TESSERA_CHECK(points == state.workers, ShardingError, "WorkerMesh", "a mesh of shape ", Shape(shape).to_string(),
                 " has ", points, " points; there are ", state.workers, " workers");
-  std::vector<int> ranks(static_cast<size_t>(state.workers));
-  for (int r = 0; r < state.workers; ++r) ranks[static_cast<size_t>(r)] = r + state.first_worker();
+  const std::vector<int> ranks = state.all_workers();
   spec_ = MeshSpec(Shape(shape), names, ranks);
   id_ = state.next_mesh++;
   auto command = std::make_shared<detail::Command>();
@@ -363,6 +380,7 @@ Layout RemoteTensor::layout() const {
     auto command = std::make_shared<detail::Command>();
     command->kind = detail::Command::Kind::query_layout;
     command->mesh = handle_->mesh.id();
+    command->stream = handle_->writer;  // after the op that made the layout
     command->output = handle_->id;
     command->request = state->next_request++;
     const int worker = handle_->mesh.spec().ranks().front();
@@ -427,6 +445,7 @@ void manual_seed(uint64_t seed, const WorkerMesh& mesh) {
   auto command = std::make_shared<detail::Command>();
   command->kind = detail::Command::Kind::seed;
   command->mesh = mesh.id();
+  command->stream = state.active_stream;  // each stream draws from its own generator
   command->args.ints = {static_cast<int64_t>(seed)};
   state.send(mesh.spec().ranks(), std::move(command));
 }
@@ -522,6 +541,11 @@ Stream::Stream(std::string name) : name_(std::move(name)), id_(0) {
   detail::ControllerState& state = detail::require("Stream");
   id_ = static_cast<int64_t>(state.streams.size());
   state.streams.push_back(name_);
+  // Every worker starts the stream's thread, with its own copy of every mesh.
+  auto command = std::make_shared<detail::Command>();
+  command->kind = detail::Command::Kind::make_stream;
+  command->stream = id_;
+  state.send(state.all_workers(), std::move(command));
 }
 
 Stream Stream::main() {
@@ -555,6 +579,7 @@ Borrow Stream::borrow(const RemoteTensor& t, bool mutable_borrow) const {
                   " borrows tensor ", h.id, " already");
   }
   h.borrows.emplace_back(id_, mutable_borrow);
+  state.order(t.mesh().spec().ranks(), h.stream, id_);  // the borrower's uses come after the owner's work
   return Borrow(t, id_, mutable_borrow);
 }
 
@@ -573,6 +598,9 @@ void Borrow::drop() {
   auto& borrows = detail::HandleAccess::of(tensor_).borrows;
   const auto it = std::find(borrows.begin(), borrows.end(), std::make_pair(stream_, mutable_));
   if (it != borrows.end()) borrows.erase(it);
+  // The owner's later work comes after the borrower's uses. After shutdown nothing runs.
+  if (detail::ControllerState* state = detail::current())
+    state->order(tensor_.mesh().spec().ranks(), stream_, detail::HandleAccess::of(tensor_).stream);
 }
 
 void call_inplace(const std::string& op, const RemoteTensor& target, const std::vector<RemoteTensor>& inputs,
@@ -594,6 +622,7 @@ void call_inplace(const std::string& op, const RemoteTensor& target, const std::
   command->output = target.id();  // the result replaces the target's value
   command->layout = state.future<Layout>();
   h.layout = command->layout;
+  h.writer = state.active_stream;
   state.send(target.mesh().spec().ranks(), std::move(command));
 }
 
@@ -656,7 +685,10 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
   RemoteTensor result = out ? *out
                             : detail::TensorHandle::make(command->output, result_mesh, command->layout,
                                                          state.active_stream);
-  if (out) detail::HandleAccess::of(*out).layout = command->layout;
+  if (out) {
+    detail::HandleAccess::of(*out).layout = command->layout;
+    detail::HandleAccess::of(*out).writer = state.active_stream;
+  }
   state.send(from.ranks(), std::move(command));
   return result;
 }
@@ -671,9 +703,11 @@ namespace {
 // A fetch of t: sent to `to`, answered by world rank `replier`.
 Future<Tensor> fetch(detail::ControllerState& state, detail::Command::Kind kind, const RemoteTensor& t,
                      const std::vector<int>& to, int replier) {
+  check_read(state, t, kind == detail::Command::Kind::fetch_shard ? "fetch_shard" : "fetch_full");
   auto command = std::make_shared<detail::Command>();
   command->kind = kind;
   command->mesh = t.mesh().id();
+  command->stream = state.active_stream;
   command->output = t.id();
   command->reply = state.future<Tensor>();
   if (state.mpi) {

@@ -128,11 +128,15 @@ class Borrow;
 /// active run on it; a tensor belongs to the stream that made it, and another stream uses it
 /// only through a Borrow: immutable (both may read, neither writes) or mutable (only the
 /// borrower touches it until drop()). Every violation is a ValueError at the call that commits
-/// it, naming the tensor and both streams. The default stream is "main". Workers run each
-/// stream's ops in order (this slice runs all streams of a worker in issue order, one thread).
+/// it, naming the tensor and both streams. The default stream is "main".
+/// Each worker runs every stream on a thread of its own, with its own communicators (a
+/// duplicate of every mesh), so streams run concurrently (a transfer on one overlaps compute on
+/// another) and their collectives never meet. A borrow orders them: the borrower's uses wait for
+/// the owner's work issued before borrow(), and the owner's work issued after drop() waits for
+/// the borrower's. Each stream draws random numbers from its own generator.
 class Stream {
  public:
-  /// A new stream. Throws ValueError outside run's body.
+  /// A new stream: every worker starts its thread. Throws ValueError outside run's body.
   explicit Stream(std::string name);
   /// The default stream of the running controller.
   static Stream main();
@@ -201,7 +205,8 @@ RemoteTensor full(const Shape& shape, double value, const WorkerMesh& mesh, Plac
 /// Standard normal / uniform [0, 1): each worker draws from its generator, seeded by manual_seed.
 RemoteTensor randn(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype = DType::f32);
 RemoteTensor rand(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype = DType::f32);
-/// manual_seed(seed) on every worker of `mesh`: the same draws as SPMD code after manual_seed.
+/// manual_seed(seed) on every worker of `mesh`, for the active stream's generator: the same
+/// draws as SPMD code after manual_seed.
 void manual_seed(uint64_t seed, const WorkerMesh& mesh);
 
 // Ops (DTensor's): enqueued on the inputs' mesh.
@@ -260,7 +265,11 @@ class NoMesh {
 /// mesh and its DTensors (the RemoteTensor arguments' shards), returning DTensors that become
 /// RemoteTensors. State it keeps between calls belongs in rank_state (per worker).
 /// Register before run (every worker process must know it); a worker's exception fails the
-/// call's results. Throws ValueError for an empty name or one registered twice.
+/// call's results. Since user code may throw on some workers while the others wait in one of its
+/// collectives, a throw also fails the stream's communicators of that mesh: the waiting workers
+/// are released at once with the error, and later collectives on that mesh and stream fail with
+/// it (a new Stream works on the mesh afresh). Throws ValueError for an empty name or one
+/// registered twice.
 using RemoteFunction = std::function<std::vector<DTensor>(const DeviceMesh& mesh, const std::vector<DTensor>& inputs)>;
 void register_remote(const std::string& name, RemoteFunction fn);
 /// Calls the remote function `name` on `mesh` (Monarch's remote(fn).call_on(mesh)) with `inputs`
@@ -286,8 +295,9 @@ class Remote {
 /// register_remote(name, fn), returning its handle. Before run, as register_remote.
 Remote remote(const std::string& name, RemoteFunction fn);
 
-/// The local block of the worker at `coordinate` of the tensor's mesh (a clone). Throws
-/// ShardingError at the call for a coordinate outside the mesh.
+/// The local block of the worker at `coordinate` of the tensor's mesh (a clone), read on the
+/// active stream (the stream rules for readers apply). Throws ShardingError at the call for a
+/// coordinate outside the mesh.
 Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& coordinate);
 /// The whole tensor (full_tensor on every worker of the mesh; the first delivers it): for small
 /// tensors, as Monarch's inspect.

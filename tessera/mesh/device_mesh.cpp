@@ -173,6 +173,30 @@ DeviceMesh DeviceMesh::operator[](std::string_view axis) const {
   return DeviceMesh(sub);
 }
 
+DeviceMesh DeviceMesh::duplicate() const {
+  const State& s = *state_;
+  auto copy = std::make_shared<State>();
+  copy->spec = s.spec;
+  copy->me = s.me;
+  copy->member = s.member;
+  copy->coordinate = s.coordinate;
+  // Every group is split whole, in one order on every rank (root, dims, spans by mask), so the
+  // splits of different groups cannot wait on each other.
+  const auto dup = [](const std::shared_ptr<Communicator>& comm) { return comm ? comm->split(0, comm->rank()) : nullptr; };
+  copy->root = dup(s.root);
+  for (const auto& comm : s.dims) copy->dims.push_back(dup(comm));
+  for (const auto& [mask, comm] : s.spans) copy->spans[mask] = comm == s.root ? copy->root : dup(comm);
+  return DeviceMesh(std::move(copy));
+}
+
+void DeviceMesh::abort(const std::string& reason) const {
+  const State& s = *state_;
+  // The root only where it is this mesh's own group: a slice leaves its parent's other ranks be.
+  if (s.root && s.root->world_ranks() == s.spec.ranks()) s.root->abort(reason);
+  for (const auto& comm : s.dims) comm->abort(reason);
+  for (const auto& [mask, comm] : s.spans) comm->abort(reason);
+}
+
 DeviceMesh DeviceMesh::slice(const std::map<std::string, int64_t>& at) const {
   const State& s = *state_;
   std::vector<int64_t> fixed(static_cast<size_t>(ndim()), -1);

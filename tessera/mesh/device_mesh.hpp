@@ -70,6 +70,16 @@ class DeviceMesh {
   /// `name` (default: the axis names joined by '_'). Collective over this mesh's whole world
   /// (every rank that built it); the result is cached, so later calls communicate no more.
   DeviceMesh flatten(const std::vector<std::string>& axes, std::string name = "") const;
+  /// The same mesh over new communicators (MPI_Comm_dup of each): its collectives never meet
+  /// this one's, so another thread of the rank (rank_thread) can communicate on it while this
+  /// one is in use. Collective over every rank that built the mesh, as flatten.
+  DeviceMesh duplicate() const;
+  /// Fails every communicator of the mesh through the calling rank (Communicator::abort; a
+  /// slice's, not its parent's): the
+  /// ranks waiting in any of its collectives are released with CommError naming `reason`, and
+  /// later collectives on it fail the same way (duplicate() before, for a fresh copy). Not
+  /// collective.
+  void abort(const std::string& reason) const;
 
   /// "mesh[dp=2, tp=2]".
   std::string to_string() const { return spec().to_string(); }

@@ -21,12 +21,18 @@ namespace tessera {
 
 namespace {
 
+// rank_state()'s slots: shared by every thread of the rank (rank_thread), hence the lock.
+struct RankState {
+  std::mutex mutex;
+  std::map<std::string, std::shared_ptr<void>, std::less<>> slots;
+};
+
 struct RankContext {
   int rank = -1;
   int world_size = 0;
   std::shared_ptr<Communicator> world;
   std::shared_ptr<const HostTopology> hosts;
-  std::map<std::string, std::shared_ptr<void>, std::less<>> state;  // rank_state()
+  std::shared_ptr<RankState> state;
 };
 
 thread_local RankContext context;
@@ -35,7 +41,7 @@ thread_local RankContext context;
 class ContextScope {
  public:
   ContextScope(int rank, int size, std::shared_ptr<Communicator> world, std::shared_ptr<const HostTopology> hosts) {
-    context = {rank, size, std::move(world), std::move(hosts), {}};
+    context = {rank, size, std::move(world), std::move(hosts), std::make_shared<RankState>()};
   }
   ~ContextScope() { context = {}; }
   ContextScope(const ContextScope&) = delete;
@@ -172,9 +178,20 @@ int run(int argc, char** argv, std::function<void()> body) {
 
 std::shared_ptr<void>& rank_state(std::string_view key) {
   require_rank("rank_state");
-  auto it = context.state.find(key);
-  if (it == context.state.end()) it = context.state.emplace(std::string(key), nullptr).first;
-  return it->second;
+  RankState& state = *context.state;
+  std::lock_guard lock(state.mutex);
+  auto it = state.slots.find(key);
+  if (it == state.slots.end()) it = state.slots.emplace(std::string(key), nullptr).first;
+  return it->second;  // std::map: the slot stays put while others are added
+}
+
+std::thread rank_thread(std::function<void()> body) {
+  require_rank("rank_thread");
+  return std::thread([copy = context, body = std::move(body)]() mutable {
+    context = std::move(copy);
+    body();
+    context = {};
+  });
 }
 
 int rank() {

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string_view>
+#include <thread>
 
 #include <tessera/core/export.hpp>
 #include <tessera/comm/communicator.hpp>
@@ -45,6 +46,14 @@ std::shared_ptr<Communicator> world_ptr();
 /// outlive). Front ends keep their per-rank defaults here (tessera/spec's global mesh). Throws
 /// ValueError outside a rank.
 std::shared_ptr<void>& rank_state(std::string_view key);
+
+/// A second thread of the calling rank: `body` runs on it as this rank (the same rank(),
+/// world(), hosts and rank_state). For work beside the rank's own, such as the controller's
+/// worker streams. A communicator is used by one thread at a time, so the new thread
+/// communicates on communicators handed to it (DeviceMesh::duplicate), not on ones the rank's
+/// thread uses. body must not throw (an escaping exception ends the process); join the thread
+/// before the rank's body returns. Throws ValueError outside a rank.
+std::thread rank_thread(std::function<void()> body);
 
 /// The hosts of this world's ranks: under MPI the machines (or TESSERA_HOSTS=N simulated
 /// hosts); on threads one host, or TESSERA_HOSTS=N simulated hosts of consecutive ranks, so

@@ -17,6 +17,7 @@
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/layout.hpp>
 
+#include "stream_checks.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
@@ -35,6 +36,7 @@ TEST(ControllerMpi, WorkersAsProcesses) {
     p[0] = Shard{0};
     return std::vector<DTensor>{distribute_tensor(smooth({6, 4}, 0.5), mesh, p)};
   });
+  stream_checks::register_remotes();
   char name[] = "controller_mpi_test";
   char* argv[] = {name, nullptr};
   bool ran = false;
@@ -67,6 +69,9 @@ TEST(ControllerMpi, WorkersAsProcesses) {
       const auto z = controller::full({2, 2}, 3.0, half, {Replicate{}});
       EXPECT_TRUE(allclose(controller::fetch_full(controller::add(z, z)).get(), full({2, 2}, 6.0), 0, 0));
     }
+    // Streams run concurrently in every worker process (a latch one opens for the other).
+    stream_checks::check_streams_run_concurrently();
+    if (workers >= 2) stream_checks::check_partial_failure_releases_the_others();  // last: spends the mesh
   });
   EXPECT_EQ(status, 0);
   const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/layout.hpp>
 
+#include "stream_checks.hpp"
 #include "test_util.hpp"
 
 using namespace tessera;
@@ -321,4 +325,54 @@ TEST(Controller, EveryElementwiseOpEqualsTheLocalResult) {
     }
   });
   EXPECT_EQ(status, 0);
+}
+
+// Streams run concurrently on each worker: a remote function on 'main' waits until one issued
+// later on 'side' opens a latch (in issue order it would wait forever), each stream running
+// collectives on its own communicators meanwhile.
+TEST(Controller, StreamsRunConcurrently) {
+  stream_checks::register_remotes();
+  EXPECT_EQ(run_controller(4, [] { stream_checks::check_streams_run_concurrently(); }), 0);
+  EXPECT_EQ(run_controller(1, [] { stream_checks::check_streams_run_concurrently(); }), 0);
+}
+
+// A remote function failing on one worker while the others wait for it in a collective: they
+// are released with its error (not the timeout's); a new stream works on the mesh again.
+TEST(Controller, PartialFailureReleasesTheOthers) {
+  stream_checks::register_remotes();
+  EXPECT_EQ(run_controller(3, [] { stream_checks::check_partial_failure_releases_the_others(); }), 0);
+}
+
+// Two meshes in flight at once: work on one slice waits for work issued later on the other.
+TEST(Controller, TwoMeshesInFlightAtOnce) {
+  static std::mutex mutex;
+  static std::condition_variable opened_cv;
+  static bool opened = false;
+  controller::register_remote("test.wait_for_other_slice", [](const DeviceMesh& mesh, const std::vector<DTensor>& in) {
+    std::unique_lock<std::mutex> lock(mutex);
+    if (!opened_cv.wait_for(lock, std::chrono::seconds(30), [] { return opened; }))
+      throw ValueError("the other slice's work never ran");
+    lock.unlock();
+    return std::vector<DTensor>{in.at(0).redistribute(mesh, {Replicate{}})};
+  });
+  controller::register_remote("test.open_for_other_slice", [](const DeviceMesh& mesh, const std::vector<DTensor>& in) {
+    const DTensor whole = in.at(0).redistribute(mesh, {Replicate{}});
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      opened = true;
+    }
+    opened_cv.notify_all();
+    return std::vector<DTensor>{whole};
+  });
+  EXPECT_EQ(run_controller(4, [] {
+              const controller::WorkerMesh grid({2, 2}, {"host", "gpu"});
+              const auto first = grid.slice({{"host", 0}}), second = grid.slice({{"host", 1}});
+              const auto a = controller::full({4, 2}, 1.0, first, {Shard{0}});
+              const auto b = controller::full({4, 2}, 2.0, second, {Shard{0}});
+              const auto waited = controller::call_remote("test.wait_for_other_slice", first, {a})[0];
+              const auto opened_by = controller::call_remote("test.open_for_other_slice", second, {b})[0];
+              EXPECT_TRUE(same(controller::fetch_full(waited).get(), full({4, 2}, 1.0)));
+              EXPECT_TRUE(same(controller::fetch_full(opened_by).get(), full({4, 2}, 2.0)));
+            }),
+            0);
 }

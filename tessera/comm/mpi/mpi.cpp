@@ -560,6 +560,9 @@ class MpiCommunicator final : public Communicator {
     o.wait(request, detail::library_pending);
   }
 
+  // Peers waiting on this group read the failure on its side channel (after the grace period).
+  void do_abort(const std::string& reason) override { group_.fail(reason, CollectiveCall{}); }
+
   void do_barrier(const CollectiveCall& call) override {
     const Tuning t = detail::tuning();
     Op o = begin(call, t);

@@ -584,6 +584,8 @@ class ThreadCommunicator final : public Communicator {
     depart(call);
   }
 
+  void do_abort(const std::string& reason) override { group_->fail(reason); }
+
   std::shared_ptr<Communicator> do_split(int color, int key, const CollectiveCall& call) override {
     Slot s{call};
     s.color = color;

@@ -80,7 +80,12 @@ struct OpArgs {
 };
 
 struct Command {
-  enum class Kind : uint8_t { make_mesh, slice_mesh, run_op, seed, fetch_shard, fetch_full, drop, stop, query_layout };
+  enum class Kind : uint8_t {
+    make_mesh, slice_mesh, run_op, seed, fetch_shard, fetch_full, drop, stop, query_layout,
+    make_stream,  // a new stream (`stream`) on every worker
+    signal,       // on `stream`: marks `event` once everything before it on the stream ran
+    wait,         // on `stream`: runs nothing after it until `event` is marked
+  };
   Kind kind = Kind::stop;
   int64_t mesh = -1;    // the mesh it runs on (make/slice: the new mesh's id)
   int64_t stream = 0;   // the stream it runs on
@@ -104,6 +109,7 @@ struct Command {
   // Workers in other processes answer a request by id instead of through the futures above
   // (fetch_shard, fetch_full, query_layout); 0: no answer wanted.
   uint64_t request = 0;
+  uint64_t event = 0;  // signal / wait
 };
 
 /// Tags of the controller's messages on the world communicator: a command's length and words;
@@ -112,29 +118,32 @@ inline constexpr int kCommandLengthTag = 1 << 27;
 inline constexpr int kCommandTag = (1 << 27) + 1;
 inline int reply_tag(uint64_t request) { return (1 << 27) + 2 + static_cast<int>(request % (1u << 26)); }
 
-/// One worker's queue: the controller pushes, the worker pops in order.
-class CommandQueue {
+/// A queue between two threads: one pushes, the other pops in order.
+template <class T>
+class BlockingQueue {
  public:
-  void push(std::shared_ptr<const Command> command) {
+  void push(T item) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      commands_.push_back(std::move(command));
+      items_.push_back(std::move(item));
     }
     cv_.notify_one();
   }
-  std::shared_ptr<const Command> pop() {
+  T pop() {
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return !commands_.empty(); });
-    auto command = std::move(commands_.front());
-    commands_.pop_front();
-    return command;
+    cv_.wait(lock, [&] { return !items_.empty(); });
+    T item = std::move(items_.front());
+    items_.pop_front();
+    return item;
   }
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<const Command>> commands_;
+  std::deque<T> items_;
 };
+/// One worker's queue: the controller pushes, the worker pops in order.
+using CommandQueue = BlockingQueue<std::shared_ptr<const Command>>;
 
 /// The controller's side while run's body executes: the workers' queues and the id counters.
 struct ControllerState {
@@ -156,6 +165,7 @@ struct ControllerState {
   std::vector<std::unique_ptr<CommandQueue>> queues;
   std::atomic<uint64_t> next_tensor{1};
   std::atomic<int64_t> next_mesh{0};
+  uint64_t next_event = 1;
   // Streams: names by id (0 is "main") and the one ops are issued on now.
   std::vector<std::string> streams{"main"};
   int64_t active_stream = 0;
@@ -164,6 +174,11 @@ struct ControllerState {
   void send(const std::vector<int>& ranks, std::shared_ptr<const Command> command);
   /// The world rank of the first worker.
   int first_worker() const { return mpi ? 1 : 0; }
+  /// Every worker's world rank.
+  std::vector<int> all_workers() const;
+  /// On the workers `ranks`: stream `after` runs nothing issued from now on until stream
+  /// `before` ran everything issued so far (an event signalled on one, waited for on the other).
+  void order(const std::vector<int>& ranks, int64_t before, int64_t after);
 };
 
 /// The running controller, or null outside run's body.
@@ -177,7 +192,7 @@ ControllerState& require_mesh(const char* call);
 /// copy's destruction drops the tensor on the workers.
 struct TensorHandle {
   TensorHandle(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout, int64_t stream)
-      : id(id), mesh(std::move(mesh)), layout(std::move(layout)), stream(stream) {}
+      : id(id), mesh(std::move(mesh)), layout(std::move(layout)), stream(stream), writer(stream) {}
   TensorHandle(const TensorHandle&) = delete;
   TensorHandle& operator=(const TensorHandle&) = delete;
   ~TensorHandle();
@@ -186,6 +201,7 @@ struct TensorHandle {
   WorkerMesh mesh;
   std::shared_ptr<FutureState<Layout>> layout;
   int64_t stream;                                // the owner
+  int64_t writer;                                // the stream that wrote it last (reports its layout)
   std::vector<std::pair<int64_t, bool>> borrows;  // (stream, mutable) lent out now
 
   static RemoteTensor make(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout,

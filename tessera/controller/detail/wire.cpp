@@ -111,6 +111,7 @@ std::vector<int64_t> encode_command(const Command& c) {
   w.put(static_cast<int64_t>(c.output));
   w.put(std::vector<int64_t>(c.outputs.begin(), c.outputs.end()));
   w.put(static_cast<int64_t>(c.request));
+  w.put(static_cast<int64_t>(c.event));
   return w.take();
 }
 
@@ -138,6 +139,7 @@ Command decode_command(const std::vector<int64_t>& words) {
   c.output = static_cast<uint64_t>(r.integer());
   for (int64_t id : r.integers()) c.outputs.push_back(static_cast<uint64_t>(id));
   c.request = static_cast<uint64_t>(r.integer());
+  c.event = static_cast<uint64_t>(r.integer());
   return c;
 }
 

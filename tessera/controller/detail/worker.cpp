@@ -1,14 +1,15 @@
-// A worker: runs its queue's commands in order on DTensor. Each value lives in a table by id;
-// an op that throws leaves its output failed with the worker's message, and ops reading a failed
-// value fail alike (without running), so the error surfaces at whatever the controller fetches.
-#include <tessera/controller/detail/command.hpp>
+// A worker's commands: the op table (every op runs on DTensor) and the execution of one
+// stream's command. Each value lives in the worker's table by id; an op that throws leaves its
+// output failed with the worker's message, and ops reading a failed value fail alike (without
+// running), so the error surfaces at whatever the controller fetches.
+#include <tessera/controller/detail/worker.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <unordered_map>
 
 #include <tessera/comm/communicator.hpp>
-#include <tessera/controller/detail/wire.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/mesh/device_mesh.hpp>
@@ -109,93 +110,159 @@ const std::unordered_map<std::string, OpFn>& op_table() {
   return table;
 }
 
-// A value, or why it failed.
-struct Value {
-  DTensor tensor;
-  std::string error;
-};
+}  // namespace
 
 std::string worker_error(const std::string& what) { return "worker rank " + std::to_string(rank()) + ": " + what; }
 
-// Why value `id` cannot be read ("" when it can): dropped, or failed (its error, passed on).
-std::string unreadable(const std::unordered_map<uint64_t, Value>& values, uint64_t id, const std::string& call,
-                       const char* what) {
-  const auto it = values.find(id);
-  if (it == values.end()) return worker_error("[" + call + "] " + what + " " + std::to_string(id) + " was dropped");
+std::string WorkerShared::unreadable(uint64_t id, const std::string& call, const char* what) {
+  std::lock_guard<std::mutex> lock(values_mutex_);
+  const auto it = values_.find(id);
+  if (it == values_.end()) return worker_error("[" + call + "] " + what + " " + std::to_string(id) + " was dropped");
   return it->second.error;
 }
 
-// An op's inputs; on failure, why (a failed input fails the op alike).
-std::string gather_inputs(const Command& c, const std::unordered_map<uint64_t, Value>& values, const std::string& call,
-                          std::vector<DTensor>& inputs) {
+std::string WorkerShared::gather(const Command& c, const std::string& call, const StreamMeshes& meshes,
+                                 std::vector<DTensor>& inputs) {
   for (uint64_t id : c.inputs) {
-    if (std::string error = unreadable(values, id, call, "input tensor"); !error.empty()) return error;
-    inputs.push_back(values.at(id).tensor);
+    if (std::string error = unreadable(id, call, "input tensor"); !error.empty()) return error;
+    inputs.push_back(tensor(id, c.stream, meshes));
   }
   return {};
 }
 
-// A worker process's replies to the controller (world rank 0), sent without waiting and kept
-// until they finish; null for in-process workers, which answer through the futures.
-struct MpiReplies {
-  std::vector<std::pair<Work, std::shared_ptr<void>>> inflight;
-
-  void send(uint64_t request, const Reply& header, const Tensor* payload) {
-    Communicator& comm = world();
-    const int tag = reply_tag(request);
-    auto words = std::make_shared<std::vector<int64_t>>(encode_reply(header));
-    auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(words->size()));
-    inflight.emplace_back(comm.isend(length->data(), 1, DType::i64, 0, tag), length);
-    inflight.emplace_back(comm.isend(words->data(), static_cast<int64_t>(words->size()), DType::i64, 0, tag), words);
-    if (payload && payload->numel() > 0) {
-      auto bytes = std::make_shared<Tensor>(payload->contiguous());
-      inflight.emplace_back(comm.isend(bytes->raw_data(), bytes->numel(), bytes->dtype(), 0, tag), bytes);
-    }
-    const auto done = std::partition(inflight.begin(), inflight.end(), [](const auto& w) { return !w.first.is_completed(); });
-    inflight.erase(done, inflight.end());
+DTensor WorkerShared::tensor(uint64_t id, int64_t stream, const StreamMeshes& meshes) {
+  Value value;
+  {
+    std::lock_guard<std::mutex> lock(values_mutex_);
+    value = values_.at(id);
   }
-};
-thread_local MpiReplies* mpi_replies = nullptr;
-
-void reply_error(const Command& c, const std::string& error) {
-  if (c.reply) return c.reply->fail(error);
-  if (c.request && mpi_replies) mpi_replies->send(c.request, Reply{false, error, true, DType::f32, {}, {}}, nullptr);
+  if (value.stream == stream) return value.tensor;
+  return DTensor(value.tensor.to_local(), meshes.at(value.mesh), value.tensor.layout());
 }
 
-void reply_tensor(const Command& c, const Tensor& t) {
+void WorkerShared::store(uint64_t id, Value value) {
+  std::lock_guard<std::mutex> lock(values_mutex_);
+  values_[id] = std::move(value);
+}
+
+void WorkerShared::erase(uint64_t id) {
+  std::lock_guard<std::mutex> lock(values_mutex_);
+  values_.erase(id);
+}
+
+void WorkerShared::signal(uint64_t event) {
+  {
+    std::lock_guard<std::mutex> lock(events_mutex_);
+    signaled_.insert(event);
+  }
+  events_cv_.notify_all();
+}
+
+void WorkerShared::wait(uint64_t event, int64_t stream) {
+  std::unique_lock<std::mutex> lock(events_mutex_);
+  const auto timeout = std::chrono::duration<double>(comm_timeout_seconds());
+  TESSERA_CHECK(events_cv_.wait_for(lock, timeout, [&] { return signaled_.count(event) > 0; }), CommError, "Stream",
+                "stream ", stream, " waited ", comm_timeout_seconds(), " s for another stream's work on tensor ",
+                "it borrows (event ", event, "); the other stream is stuck");
+  signaled_.erase(event);
+}
+
+namespace {
+
+void reply_tensor(WorkerShared& shared, const Command& c, const Tensor& t) {
   if (c.reply) return c.reply->set(t);
-  if (c.request && mpi_replies) mpi_replies->send(c.request, Reply{true, {}, true, t.dtype(), t.shape(), {}}, &t);
+  if (c.request && shared.outbox) shared.outbox->push(c.request, Reply{true, {}, true, t.dtype(), t.shape(), {}}, &t);
 }
 
-void reply_layout(const Command& c, const Layout& layout) {
-  if (c.request && mpi_replies)
-    mpi_replies->send(c.request, Reply{true, {}, false, DType::f32, {}, mpmd::detail::encode_layout(layout)}, nullptr);
+void reply_layout(WorkerShared& shared, const Command& c, const Layout& layout) {
+  if (c.request && shared.outbox)
+    shared.outbox->push(c.request, Reply{true, {}, false, DType::f32, {}, mpmd::detail::encode_layout(layout)}, nullptr);
 }
 
 // A remote function: the user's SPMD code on this worker's DTensors; its results become values.
-void run_remote(const Command& c, std::unordered_map<uint64_t, Value>& values, const DeviceMesh& mesh) {
+void run_remote(const Command& c, WorkerShared& shared, const StreamMeshes& meshes) {
+  const DeviceMesh& mesh = meshes.at(c.mesh);
   std::vector<DTensor> inputs;
-  std::string error = gather_inputs(c, values, "remote " + c.op, inputs);
+  std::string error = shared.gather(c, "remote " + c.op, meshes, inputs);
   std::vector<DTensor> results;
   if (error.empty()) {
     try {
       results = (*find_remote(c.op))(mesh, inputs);
       if (results.size() != c.outputs.size())
-        error = worker_error("[remote " + c.op + "] returned " + std::to_string(results.size()) + " tensors; the call expects " +
-                             std::to_string(c.outputs.size()));
+        error = worker_error("[remote " + c.op + "] returned " + std::to_string(results.size()) +
+                             " tensors; the call expects " + std::to_string(c.outputs.size()));
     } catch (const std::exception& e) {
       error = worker_error(e.what());
+      // User code may fail on some workers only, while the others wait in its collectives:
+      // release them now (the stream's copy of the mesh is spent; a new stream gets a fresh one).
+      mesh.abort(error);
     }
   }
   const bool reporter = mesh.spec().ranks().front() == rank();
   for (size_t i = 0; i < c.outputs.size(); ++i) {
-    Value& out = values[c.outputs[i]];
-    if (error.empty()) out.tensor = results[i];
-    else out.error = error;
+    shared.store(c.outputs[i], error.empty() ? Value{results[i], {}, c.stream, c.mesh} : Value{{}, error, c.stream, c.mesh});
     if (!reporter || i >= c.layouts.size()) continue;  // workers in other processes report when asked
     if (error.empty()) c.layouts[i]->set(results[i].layout());
     else c.layouts[i]->fail(error);
   }
+}
+
+// Reports the layout of an op's result (or its error) to the controller's future, if it holds one.
+void report(const Command& c, const Value& out) {
+  if (!c.layout) return;
+  if (out.error.empty()) c.layout->set(out.tensor.layout());
+  else c.layout->fail(out.error);
+}
+
+void run_op(const Command& c, WorkerShared& shared, StreamMeshes& meshes) {
+  if (c.remote) return run_remote(c, shared, meshes);
+  const DeviceMesh& mesh = meshes.at(c.mesh);
+  // In place (the output among the inputs), a failed target fails the op like any input.
+  Value out{{}, {}, c.stream, c.target >= 0 ? c.target : c.mesh};
+  std::vector<DTensor> inputs;
+  out.error = shared.gather(c, c.op, meshes, inputs);
+  if (out.error.empty()) {
+    try {
+      out.tensor = op_table().at(c.op)(inputs, c.args, mesh);
+    } catch (const std::exception& e) {
+      out.error = worker_error(e.what());
+    }
+  }
+  if (c.target < 0) {
+    if (mesh.spec().ranks().front() == rank()) report(c, out);
+    return shared.store(c.output, std::move(out));
+  }
+  // Reduced onto a slice: its workers keep their (replicated) block on the slice's mesh, the
+  // others nothing; the slice's first worker reports.
+  const DeviceMesh& onto = meshes.at(c.target);
+  if (out.error.empty() && onto.is_member()) {
+    Placements kept;
+    for (int64_t d = 0; d < mesh.ndim(); ++d)
+      if (std::find(c.args.ints.begin() + 2, c.args.ints.end(), d) == c.args.ints.end())
+        kept.push_back(out.tensor.placements()[static_cast<size_t>(d)]);
+    FromLocalOptions global;
+    global.shape = out.tensor.shape();
+    out.tensor = DTensor::from_local(out.tensor.to_local(), onto, kept, global);
+  }
+  if (onto.spec().ranks().front() == rank()) report(c, out);
+  if (onto.is_member()) shared.store(c.output, std::move(out));
+  else shared.erase(c.output);
+}
+
+void fetch_full(const Command& c, WorkerShared& shared, StreamMeshes& meshes) {
+  const DeviceMesh& mesh = meshes.at(c.mesh);
+  std::string error = shared.unreadable(c.output, "fetch_full", "tensor");
+  Tensor whole;
+  if (error.empty()) {
+    try {
+      whole = shared.tensor(c.output, c.stream, meshes).full_tensor();  // collective over the mesh
+    } catch (const std::exception& e) {
+      error = worker_error(e.what());
+    }
+  }
+  if (mesh.spec().ranks().front() != rank()) return;
+  if (error.empty()) reply_tensor(shared, c, whole);
+  else reply_error(shared, c, error);
 }
 
 }  // namespace
@@ -208,153 +275,54 @@ std::vector<std::string> table_op_names() {
   return names;
 }
 
-namespace {
-
-// The value a fetch or a query reads, or null after replying why there is none.
-const DTensor* readable(const Command& c, const std::unordered_map<uint64_t, Value>& values, const char* call) {
-  if (std::string error = unreadable(values, c.output, call, "tensor"); !error.empty()) {
-    reply_error(c, error);
-    return nullptr;
-  }
-  return &values.at(c.output).tensor;
+void reply_error(WorkerShared& shared, const Command& c, const std::string& error) {
+  if (c.reply) return c.reply->fail(error);
+  if (c.request && shared.outbox) shared.outbox->push(c.request, Reply{false, error, true, DType::f32, {}, {}}, nullptr);
 }
 
-// Runs one command; false for stop.
-bool execute(const Command& c, std::unordered_map<uint64_t, Value>& values,
-             std::unordered_map<int64_t, DeviceMesh>& meshes) {
-  {
-    switch (c.kind) {
-      case Command::Kind::stop:
-        return false;
-      case Command::Kind::make_mesh:
-        meshes.emplace(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names,
-                                          std::vector<int>(c.args.ints.begin(), c.args.ints.end())));
-        break;
-      case Command::Kind::query_layout:
-        if (const DTensor* t = readable(c, values, "layout")) reply_layout(c, t->layout());
-        break;
-      case Command::Kind::slice_mesh:
-        meshes.emplace(c.mesh, meshes.at(c.parent).slice(c.at));
-        break;
-      case Command::Kind::seed:
-        tessera::manual_seed(static_cast<uint64_t>(c.args.ints.at(0)));
-        break;
-      case Command::Kind::drop:
-        values.erase(c.output);
-        break;
-      case Command::Kind::run_op: {
-        if (c.remote) {
-          run_remote(c, values, meshes.at(c.mesh));
-          break;
-        }
-        const DeviceMesh& mesh = meshes.at(c.mesh);
-        const bool reporter = mesh.spec().ranks().front() == rank();
-        Value& out = values[c.output];
-        // A fresh value, unless the op reads its output too (in place): out= overwrites.
-        if (std::find(c.inputs.begin(), c.inputs.end(), c.output) == c.inputs.end()) out = Value{};
-        std::vector<DTensor> inputs;
-        if (out.error.empty()) out.error = gather_inputs(c, values, c.op, inputs);
-        if (out.error.empty()) {
-          try {
-            out.tensor = op_table().at(c.op)(inputs, c.args, mesh);
-          } catch (const std::exception& e) {
-            out.error = worker_error(e.what());
-          }
-        }
-        if (c.target >= 0) {
-          // Reduced onto a slice: its workers keep their (replicated) block on the slice's mesh,
-          // the others nothing; the slice's first worker reports.
-          const DeviceMesh& onto = meshes.at(c.target);
-          if (out.error.empty() && onto.is_member()) {
-            Placements kept;
-            for (int64_t d = 0; d < mesh.ndim(); ++d)
-              if (std::find(c.args.ints.begin() + 2, c.args.ints.end(), d) == c.args.ints.end())
-                kept.push_back(out.tensor.placements()[static_cast<size_t>(d)]);
-            FromLocalOptions global;
-            global.shape = out.tensor.shape();
-            out.tensor = DTensor::from_local(out.tensor.to_local(), onto, kept, global);
-          }
-          if (!onto.is_member()) values.erase(c.output);
-          if (onto.spec().ranks().front() == rank() && c.layout) {
-            if (out.error.empty()) c.layout->set(out.tensor.layout());
-            else c.layout->fail(out.error);
-          }
-          break;
-        }
-        if (reporter && c.layout) {
-          if (out.error.empty())
-            c.layout->set(out.tensor.layout());
-          else
-            c.layout->fail(out.error);
-        }
-        break;
-      }
-      case Command::Kind::fetch_shard:
-        if (const DTensor* t = readable(c, values, "fetch_shard")) reply_tensor(c, t->to_local().clone());
-        break;
-      case Command::Kind::fetch_full: {
-        const DeviceMesh& mesh = meshes.at(c.mesh);
-        std::string error = unreadable(values, c.output, "fetch_full", "tensor");
-        Tensor whole;
-        if (error.empty()) {
-          try {
-            whole = values.at(c.output).tensor.full_tensor();  // collective over the mesh
-          } catch (const std::exception& e) {
-            error = worker_error(e.what());
-          }
-        }
-        if (mesh.spec().ranks().front() == rank()) {
-          if (error.empty())
-            reply_tensor(c, whole);
-          else
-            reply_error(c, error);
-        }
-        break;
-      }
-    }
+bool execute(const Command& c, WorkerShared& shared, StreamMeshes& meshes) {
+  switch (c.kind) {
+    case Command::Kind::stop:
+      return false;
+    case Command::Kind::slice_mesh:
+      meshes.emplace(c.mesh, meshes.at(c.parent).slice(c.at));
+      break;
+    case Command::Kind::seed:
+      tessera::manual_seed(static_cast<uint64_t>(c.args.ints.at(0)));  // this stream's generator
+      break;
+    case Command::Kind::drop:
+      shared.erase(c.output);
+      break;
+    case Command::Kind::signal:
+      shared.signal(c.event);
+      break;
+    case Command::Kind::wait:
+      shared.wait(c.event, c.stream);
+      break;
+    case Command::Kind::run_op:
+      run_op(c, shared, meshes);
+      break;
+    case Command::Kind::query_layout:
+      if (std::string error = shared.unreadable(c.output, "layout", "tensor"); !error.empty())
+        reply_error(shared, c, error);
+      else
+        reply_layout(shared, c, shared.tensor(c.output, c.stream, meshes).layout());
+      break;
+    case Command::Kind::fetch_shard:
+      if (std::string error = shared.unreadable(c.output, "fetch_shard", "tensor"); !error.empty())
+        reply_error(shared, c, error);
+      else
+        reply_tensor(shared, c, shared.tensor(c.output, c.stream, meshes).to_local().clone());
+      break;
+    case Command::Kind::fetch_full:
+      fetch_full(c, shared, meshes);
+      break;
+    case Command::Kind::make_mesh:
+    case Command::Kind::make_stream:
+      throw InternalError("[controller worker] a " + std::string(c.kind == Command::Kind::make_mesh ? "make_mesh" : "make_stream") +
+                          " command reached a stream; the worker's dispatcher runs those");
   }
   return true;
-}
-
-}  // namespace
-
-void mpi_worker_loop() {
-  std::unordered_map<uint64_t, Value> values;
-  std::unordered_map<int64_t, DeviceMesh> meshes;
-  MpiReplies replies;
-  mpi_replies = &replies;
-  Communicator& comm = world();
-  for (bool running = true; running;) {
-    int64_t length = 0;
-    wait_polling(comm.irecv(&length, 1, DType::i64, 0, kCommandLengthTag));
-    std::vector<int64_t> words(static_cast<size_t>(length));
-    comm.recv(words.data(), length, DType::i64, 0, kCommandTag);
-    const Command command = decode_command(words);
-    try {
-      running = execute(command, values, meshes);
-    } catch (const std::exception& e) {
-      reply_error(command, worker_error(e.what()));
-    }
-  }
-  // The controller receives every reply it asked for before stopping the workers.
-  for (auto& [work, buffer] : replies.inflight) work.wait();
-  mpi_replies = nullptr;
-}
-
-void worker_loop(CommandQueue& queue, Health& health) {
-  std::unordered_map<uint64_t, Value> values;
-  std::unordered_map<int64_t, DeviceMesh> meshes;
-  for (;;) {
-    const std::shared_ptr<const Command> command = queue.pop();
-    try {
-      if (!execute(*command, values, meshes)) return;
-    } catch (const std::exception& e) {
-      // Not an op's failure (those stay with its output): the worker's own state is broken, so
-      // every future still waiting fails with this.
-      health.fail(worker_error(e.what()));
-      reply_error(*command, worker_error(e.what()));
-    }
-  }
 }
 
 }  // namespace tessera::controller::detail
