@@ -45,7 +45,7 @@ ControllerState& require_mesh(const char* call) {
 
 void ControllerState::send(const std::vector<int>& ranks, std::shared_ptr<const Command> command) {
   if (!mpi) {
-    for (int r : ranks) queues[static_cast<size_t>(r)]->push(command);
+    for (int r : ranks) ports[static_cast<size_t>(r)]->route(command);
     return;
   }
   auto words = std::make_shared<std::vector<int64_t>>(encode_command(*command));
@@ -244,12 +244,12 @@ int run(int argc, char** argv, std::function<void()> body) {
   const int workers = ranks_from_args(argc, argv);
   detail::ControllerState state;
   state.workers = workers;
-  for (int r = 0; r < workers; ++r) state.queues.push_back(std::make_unique<detail::CommandQueue>());
+  for (int r = 0; r < workers; ++r) state.ports.push_back(std::make_unique<detail::WorkerPort>());
   // The workers: one in-process world running its queues until stopped.
   std::exception_ptr worker_failure;
   std::thread pool([&] {
     try {
-      launch(workers, [&] { detail::worker_loop(*state.queues[static_cast<size_t>(rank())], *state.health); });
+      launch(workers, [&] { detail::worker_loop(*state.ports[static_cast<size_t>(rank())], *state.health); });
     } catch (...) {
       worker_failure = std::current_exception();
       try {
@@ -273,7 +273,7 @@ int run(int argc, char** argv, std::function<void()> body) {
   detail::running.store(nullptr);
   auto stop = std::make_shared<detail::Command>();
   stop->kind = detail::Command::Kind::stop;
-  for (auto& q : state.queues) q->push(stop);
+  for (auto& port : state.ports) port->route(stop);
   pool.join();
   if (worker_failure) {
     try {

@@ -142,14 +142,50 @@ class BlockingQueue {
   std::condition_variable cv_;
   std::deque<T> items_;
 };
-/// One worker's queue: the controller pushes, the worker pops in order.
+/// A queue of commands: the controller (or a worker's receiving thread) pushes, a worker's
+/// thread pops in order.
 using CommandQueue = BlockingQueue<std::shared_ptr<const Command>>;
+
+/// A stream's copies of the meshes, handed from the worker's own thread (which makes them:
+/// collective) to the stream's thread (which waits for each where its commands need it).
+class MeshHandoff {
+ public:
+  void put(int64_t stream, int64_t mesh, DeviceMesh copy);
+  /// Waits for the copy; throws CommError if `health` fails first.
+  DeviceMesh take(int64_t stream, int64_t mesh, Health& health);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_cv_;
+  std::map<std::pair<int64_t, int64_t>, DeviceMesh> ready_;
+};
+
+/// One worker's inbox, whoever feeds it: route() sends each command where it runs. Commands
+/// about every stream (a new mesh, a new stream, stop) go to the worker's own thread (`control`);
+/// the others straight to their stream's thread, so an op costs one hand-over. A stream sees a
+/// new mesh as a make_mesh command in its queue: it takes its copy from the handoff there.
+class WorkerPort {
+ public:
+  WorkerPort();
+  void route(std::shared_ptr<const Command> command);
+  /// The queue of stream `id` (made by route(make_stream)), or null.
+  std::shared_ptr<CommandQueue> stream(int64_t id);
+
+  CommandQueue control;
+  MeshHandoff handoff;
+
+ private:
+  std::mutex mutex_;
+  std::map<int64_t, std::shared_ptr<CommandQueue>> streams_;
+  // The meshes and slices made so far, in order: a new stream's queue starts with them.
+  std::vector<std::shared_ptr<const Command>> meshes_;
+};
 
 /// The controller's side while run's body executes: the workers' queues and the id counters.
 struct ControllerState {
   int workers = 0;
   /// Workers are MPI processes (world ranks 1..workers; the controller is rank 0), else
-  /// in-process threads (ranks 0..workers-1) fed by `queues`.
+  /// in-process threads (ranks 0..workers-1) fed through `ports`.
   bool mpi = false;
   std::atomic<uint64_t> next_request{1};
   std::vector<std::pair<Work, std::shared_ptr<std::vector<int64_t>>>> outbox;  // MPI sends in flight
@@ -162,7 +198,7 @@ struct ControllerState {
   std::shared_ptr<FutureState<T>> future() const {
     return std::make_shared<FutureState<T>>(health);
   }
-  std::vector<std::unique_ptr<CommandQueue>> queues;
+  std::vector<std::unique_ptr<WorkerPort>> ports;
   std::atomic<uint64_t> next_tensor{1};
   std::atomic<int64_t> next_mesh{0};
   uint64_t next_event = 1;
@@ -217,7 +253,7 @@ struct HandleAccess {
 
 /// Runs commands on this worker (a rank of the workers' world) until a stop command. A failure
 /// outside an op goes to `health` (the worker keeps serving).
-void worker_loop(CommandQueue& queue, Health& health);
+void worker_loop(WorkerPort& port, Health& health);
 /// The same for a worker process: commands arrive from world rank 0, replies go back to it.
 void mpi_worker_loop();
 /// The remote functions registered by name (every worker of this process sees them).

@@ -66,42 +66,95 @@ void ReplyOutbox::finish() {
   inflight_.clear();
 }
 
+void MeshHandoff::put(int64_t stream, int64_t mesh, DeviceMesh copy) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ready_.insert_or_assign({stream, mesh}, std::move(copy));
+  }
+  ready_cv_.notify_all();
+}
+
+DeviceMesh MeshHandoff::take(int64_t stream, int64_t mesh, Health& health) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const std::pair<int64_t, int64_t> key{stream, mesh};
+  while (!ready_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return ready_.count(key) > 0; })) {
+    const std::string failure = health.get();
+    TESSERA_CHECK(failure.empty(), CommError, "controller worker", "stream ", stream, " waits for mesh ", mesh,
+                  " but the worker failed: ", failure);
+  }
+  DeviceMesh copy = std::move(ready_.at(key));
+  ready_.erase(key);
+  return copy;
+}
+
+WorkerPort::WorkerPort() { streams_.emplace(0, std::make_shared<CommandQueue>()); }
+
+std::shared_ptr<CommandQueue> WorkerPort::stream(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = streams_.find(id);
+  return it == streams_.end() ? nullptr : it->second;
+}
+
+void WorkerPort::route(std::shared_ptr<const Command> command) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  switch (command->kind) {
+    case Command::Kind::make_mesh:
+    case Command::Kind::slice_mesh:
+      // The worker's thread builds a mesh (collective) and hands each stream a copy; a slice
+      // each stream cuts from its own copy.
+      if (command->kind == Command::Kind::make_mesh) control.push(command);
+      meshes_.push_back(command);
+      for (auto& [id, queue] : streams_) queue->push(command);
+      return;
+    case Command::Kind::make_stream: {
+      auto queue = std::make_shared<CommandQueue>();
+      for (const auto& mesh : meshes_) queue->push(mesh);
+      streams_.insert_or_assign(command->stream, std::move(queue));
+      control.push(std::move(command));
+      return;
+    }
+    case Command::Kind::stop:
+      for (auto& [id, queue] : streams_) queue->push(command);
+      control.push(std::move(command));
+      return;
+    default: {
+      const auto it = streams_.find(command->stream);
+      // Unknown streams cannot come from the controller; the worker's thread answers them.
+      if (it == streams_.end()) return control.push(std::move(command));
+      it->second->push(std::move(command));
+    }
+  }
+}
+
 namespace {
 
-// What a stream's thread receives: a command, or a copy of a mesh made for it.
-struct StreamItem {
-  std::shared_ptr<const Command> command;
-  int64_t mesh_id = -1;
-  DeviceMesh mesh;
-};
-
+// A stream's thread: runs its queue's commands in order, with its own copies of the meshes.
 class StreamThread {
  public:
-  explicit StreamThread(WorkerShared& shared) {
-    thread_ = rank_thread([this, &shared] { loop(shared); });
+  StreamThread(WorkerShared& shared, MeshHandoff& handoff, int64_t id, std::shared_ptr<CommandQueue> queue)
+      : queue_(std::move(queue)) {
+    thread_ = rank_thread([this, &shared, &handoff, id] { loop(shared, handoff, id); });
   }
   StreamThread(const StreamThread&) = delete;
   StreamThread& operator=(const StreamThread&) = delete;
   ~StreamThread() {
     if (!thread_.joinable()) return;
-    push(std::make_shared<const Command>());  // stop (the dispatcher failed before it sent one)
+    queue_->push(std::make_shared<const Command>());  // stop (the worker failed before it sent one)
     thread_.join();
   }
-  void push(std::shared_ptr<const Command> command) { queue_.push(StreamItem{std::move(command), -1, {}}); }
-  void adopt(int64_t mesh_id, DeviceMesh mesh) { queue_.push(StreamItem{nullptr, mesh_id, std::move(mesh)}); }
   void join() { thread_.join(); }
 
  private:
-  void loop(WorkerShared& shared) {
+  void loop(WorkerShared& shared, MeshHandoff& handoff, int64_t id) {
     StreamMeshes meshes;
     for (;;) {
-      StreamItem item = queue_.pop();
-      if (!item.command) {
-        meshes.emplace(item.mesh_id, std::move(item.mesh));
-        continue;
-      }
-      const Command& c = *item.command;
+      const std::shared_ptr<const Command> command = queue_->pop();
+      const Command& c = *command;
       try {
+        if (c.kind == Command::Kind::make_mesh) {
+          meshes.insert_or_assign(c.mesh, handoff.take(id, c.mesh, shared.health));
+          continue;
+        }
         if (!execute(c, shared, meshes)) return;
       } catch (const std::exception& e) {
         // Not an op's failure (those stay with its output): this stream's state is broken, so
@@ -112,76 +165,61 @@ class StreamThread {
     }
   }
 
-  BlockingQueue<StreamItem> queue_;
+  std::shared_ptr<CommandQueue> queue_;
   std::thread thread_;
 };
 
-// The rank's own thread: receives commands (from `next`), keeps the meshes as built (each
-// stream gets a duplicate) and the slices (each stream slices its own copy), and routes the
-// rest to the streams.
+// The worker's own thread: builds the meshes (collective over the world) and starts the
+// streams; each stream gets a duplicate of every mesh, made in stream order then mesh order on
+// every worker, so the duplicates' splits meet.
 class Dispatcher {
  public:
-  explicit Dispatcher(WorkerShared& shared) : shared_(shared) { start_stream(0); }
+  Dispatcher(WorkerShared& shared, WorkerPort& port) : shared_(shared), port_(port) { start_stream(0); }
 
-  // Runs one command; false after stop (every stream finished what it had).
-  bool route(const std::shared_ptr<const Command>& command) {
-    const Command& c = *command;
+  // Runs one command of `control`; false after stop (every stream finished what it had).
+  bool run(const Command& c) {
     switch (c.kind) {
       case Command::Kind::make_mesh: {
-        // Collective over the world; then one duplicate per stream, in stream order on every
-        // worker, so the duplicates' splits meet.
-        DeviceMesh& built = built_.emplace(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names,
-                                                              std::vector<int>(c.args.ints.begin(), c.args.ints.end())))
-                                .first->second;
-        for (auto& [id, stream] : streams_) stream->adopt(c.mesh, built.duplicate());
+        const DeviceMesh& built =
+            built_.insert_or_assign(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names,
+                                                        std::vector<int>(c.args.ints.begin(), c.args.ints.end())))
+                .first->second;
+        for (auto& [id, stream] : streams_) port_.handoff.put(id, c.mesh, built.duplicate());
         return true;
       }
-      case Command::Kind::slice_mesh:
-        slices_.push_back(command);
-        for (auto& [id, stream] : streams_) stream->push(command);
-        return true;
       case Command::Kind::make_stream:
         start_stream(c.stream);
         return true;
       case Command::Kind::stop:
-        for (auto& [id, stream] : streams_) stream->push(command);
         for (auto& [id, stream] : streams_) stream->join();
         return false;
-      default: {
-        const auto it = streams_.find(c.stream);
-        if (it == streams_.end()) {
-          reply_error(shared_, c, worker_error("[controller] no stream " + std::to_string(c.stream)));
-          return true;
-        }
-        it->second->push(command);
+      default:
+        reply_error(shared_, c, worker_error("[controller] no stream " + std::to_string(c.stream)));
         return true;
-      }
     }
   }
 
  private:
   void start_stream(int64_t id) {
-    auto stream = std::make_unique<StreamThread>(shared_);
-    for (const auto& [mesh_id, mesh] : built_) stream->adopt(mesh_id, mesh.duplicate());  // by id, as on every worker
-    for (const auto& slice : slices_) stream->push(slice);
-    streams_.emplace(id, std::move(stream));
+    for (const auto& [mesh_id, mesh] : built_) port_.handoff.put(id, mesh_id, mesh.duplicate());
+    streams_.emplace(id, std::make_unique<StreamThread>(shared_, port_.handoff, id, port_.stream(id)));
   }
 
   WorkerShared& shared_;
+  WorkerPort& port_;
   std::map<int64_t, std::unique_ptr<StreamThread>> streams_;
   std::map<int64_t, DeviceMesh> built_;
-  std::vector<std::shared_ptr<const Command>> slices_;
 };
 
 }  // namespace
 
-void worker_loop(CommandQueue& queue, Health& health) {
+void worker_loop(WorkerPort& port, Health& health) {
   WorkerShared shared(health, nullptr);
-  Dispatcher dispatcher(shared);
+  Dispatcher dispatcher(shared, port);
   for (;;) {
-    const std::shared_ptr<const Command> command = queue.pop();
+    const std::shared_ptr<const Command> command = port.control.pop();
     try {
-      if (!dispatcher.route(command)) return;
+      if (!dispatcher.run(*command)) return;
     } catch (const std::exception& e) {
       health.fail(worker_error(e.what()));
       reply_error(shared, *command, worker_error(e.what()));
@@ -193,7 +231,8 @@ void mpi_worker_loop() {
   Health health;  // a failure outside an op: reported when the controller asks
   ReplyOutbox outbox;
   WorkerShared shared(health, &outbox);
-  Dispatcher dispatcher(shared);
+  WorkerPort port;  // fed by this thread, from the controller's messages
+  Dispatcher dispatcher(shared, port);
   Communicator& comm = world();
   for (bool running = true; running;) {
     int64_t length = 0;
@@ -202,7 +241,11 @@ void mpi_worker_loop() {
     comm.recv(words.data(), length, DType::i64, 0, kCommandTag);
     auto command = std::make_shared<const Command>(decode_command(words));
     try {
-      running = dispatcher.route(command);
+      port.route(command);
+      // What went to this thread's own queue runs now.
+      const bool own = command->kind == Command::Kind::make_mesh || command->kind == Command::Kind::make_stream ||
+                       command->kind == Command::Kind::stop || !port.stream(command->stream);
+      if (own) running = dispatcher.run(*port.control.pop());
     } catch (const std::exception& e) {
       reply_error(shared, *command, worker_error(e.what()));
     }
