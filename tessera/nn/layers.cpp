@@ -94,12 +94,9 @@ DTensor MultiheadAttention::forward(const DTensor& x_in) const {
   // [batch, seq, dim] -> [batch, heads, seq, head_dim]
   const auto split_heads = [&](const DTensor& t) { return permute(reshape(t, {batch, seq, heads_, head_dim}), {0, 2, 1, 3}); };
   const DTensor q = split_heads(q_->forward(x)), k = split_heads(k_->forward(x)), v = split_heads(v_->forward(x));
-  DTensor scores = mul(matmul(q, transpose(k, -1, -2)), Scalar(1.0 / std::sqrt(static_cast<double>(head_dim))));
-  // Causal: position i attends to j <= i. The mask is the same on every rank (replicated).
-  const Tensor future = gt(arange(seq).reshape({1, seq}), arange(seq).reshape({seq, 1}));
-  const DTensor mask = DTensor::from_local(future, mesh(), replicated(mesh()));
-  scores = masked_fill(scores, mask, Scalar(-1e9));
-  const DTensor attended = matmul(softmax(scores, -1), v);  // [batch, heads, seq, head_dim]
+  // Causal (position i attends to j <= i), scaled by 1/sqrt(head_dim), as one fused kernel with
+  // its backward: the [seq, seq] scores of a head are never formed.
+  const DTensor attended = scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true);
   const DTensor merged = reshape(permute(attended, {0, 2, 1, 3}), {batch, seq, dim_});
   return finish_output(o_->forward(merged));
 }

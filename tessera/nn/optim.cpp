@@ -2,11 +2,15 @@
 // parameter stays the same leaf, so the module keeps referring to it).
 #include <tessera/nn/optim.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <utility>
+#include <vector>
 
 #include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/fused_optim.hpp>
 
 namespace tessera::nn {
 
@@ -18,8 +22,11 @@ void assign(DTensor& p, const DTensor& value) {
   local.copy_(value.to_local());
 }
 
-// A zero DTensor in p's exact layout (shard orders and explicit sizes included).
-DTensor zeros_like_layout(const DTensor& p) { return mul(p.detach(), Scalar(0.0)); }
+// A zero DTensor in p's exact layout (shard orders and explicit sizes included), with a
+// contiguous local of its own.
+DTensor zeros_like_layout(const DTensor& p) {
+  return DTensor(zeros(p.to_local().shape(), p.dtype()), p.device_mesh(), p.layout());
+}
 
 }  // namespace
 
@@ -62,20 +69,28 @@ AdamW::AdamW(std::vector<DTensor*> params, double lr, double beta1, double beta2
 void AdamW::step() {
   autograd::NoGradGuard no_grad;
   ++steps_;
-  const double correction1 = 1 - std::pow(beta1_, static_cast<double>(steps_));
-  const double correction2 = 1 - std::pow(beta2_, static_cast<double>(steps_));
+  AdamWStep hyper{lr_, beta1_, beta2_, eps_, weight_decay_, 1 - std::pow(beta1_, static_cast<double>(steps_)),
+                  1 - std::pow(beta2_, static_cast<double>(steps_))};
   for (size_t i = 0; i < params_.size(); ++i) {
     DTensor& p = *params_[i];
-    const DTensor g = p.grad();
+    DTensor g = p.grad();
     if (!g.defined()) continue;
+    // The update is elementwise: the gradient in the parameter's layout (Partial -> reduced).
+    if (!(g.layout() == p.layout())) g = g.redistribute(p.device_mesh(), p.layout());
     if (!m_[i].defined()) {
       m_[i] = zeros_like_layout(p);
       v_[i] = zeros_like_layout(p);
     }
+    Tensor param = p.to_local(), m = m_[i].to_local(), v = v_[i].to_local();
+    const Tensor grad = g.to_local();
+    if (adamw_fusable(param, m, v, grad)) {
+      adamw_update_(param, m, v, grad, hyper);  // one pass over the four arrays
+      continue;
+    }
     m_[i] = add(mul(m_[i], Scalar(beta1_)), mul(g, Scalar(1 - beta1_)));
     v_[i] = add(mul(v_[i], Scalar(beta2_)), mul(mul(g, g), Scalar(1 - beta2_)));
-    const DTensor denom = add(sqrt(div(v_[i], Scalar(correction2))), Scalar(eps_));
-    const DTensor update = div(div(m_[i], Scalar(correction1)), denom);
+    const DTensor denom = add(sqrt(div(v_[i], Scalar(hyper.correction2))), Scalar(eps_));
+    const DTensor update = div(div(m_[i], Scalar(hyper.correction1)), denom);
     const DTensor decayed = mul(p.detach(), Scalar(1 - lr_ * weight_decay_));
     assign(p, sub(decayed, mul(update, Scalar(lr_))));
   }
@@ -83,10 +98,45 @@ void AdamW::step() {
 
 double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm) {
   autograd::NoGradGuard no_grad;
-  double total_sq = 0;
+  // Per mesh, one all_reduce over the mesh dims that shard some gradient: each rank sums the
+  // squares of the blocks it owns, one replica of each block counting (coordinate 0 of those
+  // dims where the block is replicated). Over the other dims every rank holds the same total.
+  struct Group {
+    DeviceMesh mesh;
+    std::vector<std::pair<DTensor, Placements>> grads;  // reduced (no Partial), placements
+    std::vector<bool> sharded;                          // per mesh dim
+  };
+  std::vector<Group> groups;
   for (DTensor* p : params) {
-    const DTensor g = p->grad();
-    if (g.defined()) total_sq += sum(mul(g, g)).full_tensor().item();
+    DTensor g = p->grad();
+    if (!g.defined() || !g.device_mesh().is_member()) continue;
+    Placements reduced = g.placements();
+    bool partial = false;
+    for (Placement& placement : reduced)
+      if (is_partial(placement)) placement = Replicate{}, partial = true;
+    if (partial) g = g.redistribute(g.device_mesh(), reduced);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const Group& group) { return group.mesh.spec() == g.device_mesh().spec(); });
+    if (it == groups.end())
+      it = groups.insert(groups.end(), Group{g.device_mesh(), {}, std::vector<bool>(reduced.size(), false)});
+    for (size_t d = 0; d < reduced.size(); ++d) it->sharded[d] = it->sharded[d] || !is_replicate(reduced[d]);
+    it->grads.emplace_back(g, reduced);
+  }
+  double total_sq = 0;
+  for (const Group& group : groups) {
+    const std::vector<int64_t> coordinate = group.mesh.coordinate();
+    double squares = 0;
+    for (const auto& [g, placements] : group.grads) {
+      bool owner = true;
+      for (size_t d = 0; d < placements.size(); ++d)
+        owner = owner && !(group.sharded[d] && is_replicate(placements[d]) && coordinate[d] != 0);
+      if (owner) squares += sum_of_squares(g.to_local());
+    }
+    std::vector<int64_t> dims;
+    for (size_t d = 0; d < group.sharded.size(); ++d)
+      if (group.sharded[d]) dims.push_back(static_cast<int64_t>(d));
+    if (!dims.empty()) group.mesh.comm_ptr(dims)->all_reduce(&squares, 1, DType::f64, ReduceOp::sum);
+    total_sq += squares;
   }
   const double total = std::sqrt(total_sq);
   if (total > max_norm && total > 0) {

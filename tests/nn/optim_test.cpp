@@ -4,7 +4,9 @@
 
 #include <cmath>
 
+#include <tessera/debug/comm_debug_mode.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/fused_optim.hpp>
 #include <tessera/nn/optim.hpp>
 #include <tessera/ops/ops.hpp>
 
@@ -82,6 +84,57 @@ TEST(Optimizers, ClipGradNormUsesTheNormOverAllShards) {
     EXPECT_NEAR(clipped, 1.0, 1e-5);
     EXPECT_TRUE(allclose(b.grad().full_tensor(), mul(g2, Scalar(1.0 / (norm + 1e-6))), 1e-9, 1e-12));
   });
+}
+
+// One block of every gradient counts once, whatever its placements (uneven shards, replicas,
+// Partial sums), over one all_reduce; fully replicated gradients need none.
+TEST(Optimizers, ClipGradNormCountsEveryBlockOnceInOneCollective) {
+  for_each_world({4, 6}, [] {
+    const DeviceMesh mesh({2, world_size() / 2}, {"dp", "tp"});
+    const Tensor g1 = seq(7, 1.0), g2 = seq(5, -0.5), g3 = seq(4, 0.25);
+    DTensor a = param_with_grad(zeros({7}, DType::f64), g1, mesh, {Replicate{}, Shard{0}});  // uneven over tp
+    DTensor b = param_with_grad(zeros({5}, DType::f64), g2, mesh, {Shard{0}, Replicate{}});
+    // c's gradient is a Partial sum over dp: each dp rank holds half of it.
+    DTensor c = param_with_grad(zeros({4}, DType::f64), g3, mesh, {Replicate{}, Replicate{}});
+    c.set_grad(DTensor::from_local(mul(g3, Scalar(0.5)), mesh, {Partial{}, Replicate{}}));
+    const double norm = std::sqrt(sum(mul(g1, g1)).item() + sum(mul(g2, g2)).item() + sum(mul(g3, g3)).item());
+    {
+      CommDebugMode mode;
+      EXPECT_NEAR(nn::clip_grad_norm_({&a, &b}, 1e6), std::sqrt(sum(mul(g1, g1)).item() + sum(mul(g2, g2)).item()), 1e-9);
+      EXPECT_EQ(mode.count(CollectiveKind::all_reduce), 1);
+    }
+    EXPECT_NEAR(nn::clip_grad_norm_({&a, &b, &c}, 1e6), norm, 1e-9);
+    // Replicated gradients: every rank has the total already.
+    DTensor r = param_with_grad(zeros({3}, DType::f64), g2.narrow(0, 0, 3), mesh, {Replicate{}, Replicate{}});
+    CommDebugMode mode;
+    EXPECT_NEAR(nn::clip_grad_norm_({&r}, 1e6), std::sqrt(sum(mul(g2.narrow(0, 0, 3), g2.narrow(0, 0, 3))).item()), 1e-12);
+    EXPECT_EQ(mode.total_count(), 0);
+  });
+}
+
+// The fused f32 update equals the formula computed op by op in f64, to f32 rounding; a gradient
+// in another layout than its parameter is brought to the parameter's first.
+TEST(Optimizers, AdamWFusedF32AndGradientsInOtherLayouts) {
+  for_each_world({3}, [] {
+    const DeviceMesh mesh({world_size()}, {"dp"});
+    const Tensor w0 = seq(8, 0.5), g = seq(8, -0.3);
+    DTensor p = param_with_grad(w0.to(DType::f32), g.to(DType::f32), mesh, {Shard{0}});
+    DTensor q = param_with_grad(w0.to(DType::f32), g.to(DType::f32), mesh, {Shard{0}});
+    q.set_grad(distribute_tensor(g.to(DType::f32), mesh, {Replicate{}}));
+    nn::AdamW adam({&p, &q}, 0.1, 0.9, 0.99, 1e-8, 0.1);
+    adam.step();
+    const Tensor update = div(g, add(abs(g), Scalar(1e-8)));
+    const Tensor expected = sub(mul(w0, Scalar(1 - 0.1 * 0.1)), mul(update, Scalar(0.1)));
+    EXPECT_TRUE(allclose(p.full_tensor().to(DType::f64), expected, 1e-6, 1e-6));
+    EXPECT_TRUE(allclose(q.full_tensor().to(DType::f64), expected, 1e-6, 1e-6));
+    EXPECT_EQ(q.placements(), (Placements{Shard{0}}));
+  });
+  EXPECT_TRUE(throws_with<ValueError>(
+      [] {
+        Tensor p = zeros({4}), m = zeros({4}), v = zeros({3}), g = zeros({4});
+        adamw_update_(p, m, v, g, AdamWStep{});
+      },
+      {"[adamw_update_]", "[3]", "one shape"}));
 }
 
 TEST(Optimizers, WarmupCosineSchedule) {
