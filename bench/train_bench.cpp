@@ -5,6 +5,7 @@
 // Ratios are of medians measured in the same run; on a machine with fewer cores than ranks the
 // ranks share cores, so the ratio shows overhead, not speedup.
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -34,7 +35,8 @@ nn::TransformerConfig config() {
 }
 
 constexpr int64_t kBatch = 16;
-constexpr int kWarmup = 2, kSteps = 5;
+constexpr int kWarmup = 2;
+int kSteps = 5;
 
 std::pair<Tensor, Tensor> batch(int64_t vocab, int64_t seq) {
   std::vector<int64_t> ids(static_cast<size_t>(kBatch * seq)), next(ids.size());
@@ -87,7 +89,13 @@ Result measure(int ranks, std::vector<int64_t> mesh_shape, const std::function<v
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // --profile N: only the 1-rank step, N times (for perf record).
+  if (argc == 3 && std::string(argv[1]) == "--profile") {
+    kSteps = std::atoi(argv[2]);
+    std::printf("1 rank: %.1f ms per step (median of %d)\n", measure(1, {1, 1}, [](nn::TransformerLM&) {}, {Replicate{}, Replicate{}}).step_ms, kSteps);
+    return 0;
+  }
   const auto c = config();
   std::printf("Training step (forward, backward, clipping, AdamW) of a %lld-layer LM: dim %lld, %lld heads, vocab %lld, "
               "batch %lld x %lld tokens, f32; median of %d steps\n",

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <tessera/core/error.hpp>
@@ -25,12 +26,22 @@
 #include <tessera/grad/engine.hpp>
 #include <tessera/ops/detail/gemm.hpp>
 #include <tessera/ops/detail/attention_kernel.hpp>
+#include <tessera/ops/detail/vector_math.hpp>
 #include <tessera/ops/shape_ops.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>
 
 namespace tessera {
 
 namespace {
+
+// x = exp(x): f32 through the vector math library.
+template <class C>
+void exp_in_place(C* x, int64_t n) {
+  if constexpr (std::is_same_v<C, float>)
+    detail::vexp(x, x, n);
+  else
+    for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
 
 constexpr int64_t kRows = 64;
 constexpr int64_t kCols = 128;
@@ -182,10 +193,9 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
           }
           const C rescale = std::exp(m[r] - top);
           C total = 0;
-          for (int64_t c = 0; c < cols; ++c) {
-            row[c] = std::exp(row[c] - top);
-            total += row[c];
-          }
+          for (int64_t c = 0; c < cols; ++c) row[c] -= top;
+          exp_in_place(row, cols);
+          for (int64_t c = 0; c < cols; ++c) total += row[c];
           l[r] = l[r] * rescale + total;
           m[r] = top;
           for (int64_t f = 0; f < F; ++f) acc[r * F + f] *= rescale;
@@ -233,7 +243,8 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
         const int64_t cols = std::min(kCols, S - j0);
         scores.fill(b, qb, kb, E, i0, rows, j0, cols, p.data());
         for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < cols; ++c) p[r * cols + c] = std::exp(p[r * cols + c] - lb[i0 + r]);
+          for (int64_t c = 0; c < cols; ++c) p[r * cols + c] -= lb[i0 + r];
+        exp_in_place(p.data(), rows * cols);
         const Tensor keep = scores.keep(b, i0, rows, j0, cols);
         // dP (of the dropped weights) = dO_i V_j^T.
         gemm(false, true, rows, cols, F, C(1), gb + i0 * F, F, vb + j0 * F, F, C(0), dp.data(), cols);

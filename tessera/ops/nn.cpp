@@ -14,11 +14,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/detail/vector_math.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/reduce.hpp>
 #include <tessera/ops/shape_ops.hpp>
@@ -63,6 +65,13 @@ inline C max_of(C a, C b) {
 
 // ---- softmax / log_softmax -------------------------------------------------------------------
 
+// A scratch row of n floats for this thread's softmax.
+std::vector<float>& exp_buffer(int64_t n) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
+  return buffer;
+}
+
 // softmax: y = exp(x - max) / sum(exp(x - max)); the exps are kept in a buffer so each is
 // computed once. log_softmax: y = (x - max) - log(sum(exp(x - max))), subtracting the max
 // first so that large-magnitude rows keep their precision.
@@ -83,11 +92,20 @@ void softmax_kernel(const T* x, T* y, const Split& s) {
       for (int64_t i = 0; i < n; ++i) e[i] -= m;
       C total = 0;
       if constexpr (kLog) {
-        for (int64_t i = 0; i < n; ++i) total += std::exp(e[i]);
+        if constexpr (std::is_same_v<C, float>) {
+          std::vector<float>& p = exp_buffer(n);
+          detail::vexp(e.data(), p.data(), n);
+          for (int64_t i = 0; i < n; ++i) total += p[i];
+        } else {
+          for (int64_t i = 0; i < n; ++i) total += std::exp(e[i]);
+        }
         const C log_total = std::log(total);
         for (int64_t i = 0; i < n; ++i) yr[i] = T(e[i] - log_total);
       } else {
-        for (int64_t i = 0; i < n; ++i) e[i] = std::exp(e[i]);
+        if constexpr (std::is_same_v<C, float>)
+          detail::vexp(e.data(), e.data(), n);
+        else
+          for (int64_t i = 0; i < n; ++i) e[i] = std::exp(e[i]);
         for (int64_t i = 0; i < n; ++i) total += e[i];
         const C scale = C(1) / total;
         for (int64_t i = 0; i < n; ++i) yr[i] = T(e[i] * scale);

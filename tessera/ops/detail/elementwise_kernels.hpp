@@ -2,10 +2,13 @@
 // Loop kernels shared by the elementwise, comparison and where ops. Each run (from
 // strided_loop) takes a contiguous fast path the compiler vectorises, a path for one operand
 // broadcast as a scalar (stride 0), and the general strided path.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include <tessera/core/detail/strided_loop.hpp>
+#include <tessera/ops/detail/vector_math.hpp>
 
 namespace tessera::detail {
 
@@ -40,12 +43,29 @@ void binary_run(const Run<3>& run, const Op& op) {
   }
 }
 
+/// A kernel with an array form for f32 (vector math): every f32 element goes through it.
+template <class Op>
+concept HasFloatArrayForm = requires(const float* x, float* y, int64_t n) { Op::floats(x, y, n); };
+
 /// out[i] = Out(op(In x[i])) computed in compute_t<In>.
 template <class In, class Out, class Op>
 void unary_run(const Run<2>& run, const Op& op) {
   using C = compute_t<In>;
   auto* o = reinterpret_cast<Out*>(run.ptr[0]);
   const auto* x = reinterpret_cast<const In*>(run.ptr[1]);
+  if constexpr (std::is_same_v<In, float> && std::is_same_v<Out, float> && HasFloatArrayForm<Op>) {
+    if (run.stride[0] == sizeof(float) && run.stride[1] == sizeof(float)) return Op::floats(x, o, run.count);
+    // Strided: gathered into blocks, so an element's result does not depend on the layout.
+    constexpr int64_t kBlock = 256;
+    float block[kBlock];
+    for (int64_t start = 0; start < run.count; start += kBlock) {
+      const int64_t n = std::min(kBlock, run.count - start);
+      for (int64_t i = 0; i < n; ++i) block[i] = load<float>(run.ptr[1] + (start + i) * run.stride[1]);
+      Op::floats(block, block, n);
+      for (int64_t i = 0; i < n; ++i) *reinterpret_cast<float*>(run.ptr[0] + (start + i) * run.stride[0]) = block[i];
+    }
+    return;
+  }
   if (run.stride[0] == sizeof(Out) && run.stride[1] == sizeof(In)) {
     for (int64_t i = 0; i < run.count; ++i) o[i] = static_cast<Out>(op(static_cast<C>(x[i])));
   } else {
@@ -112,22 +132,41 @@ struct sign {
       return v != v ? v : static_cast<T>((T(0) < v) - (v < T(0)));
   }
 };
-struct exp { template <class T> T operator()(T v) const { return std::exp(v); } };
+struct exp {
+  template <class T> T operator()(T v) const { return std::exp(v); }
+  static void floats(const float* x, float* y, int64_t n) { detail::vexp(x, y, n); }
+};
 struct log { template <class T> T operator()(T v) const { return std::log(v); } };
 struct sqrt { template <class T> T operator()(T v) const { return std::sqrt(v); } };
 struct rsqrt { template <class T> T operator()(T v) const { return T(1) / std::sqrt(v); } };
 struct sin { template <class T> T operator()(T v) const { return std::sin(v); } };
 struct cos { template <class T> T operator()(T v) const { return std::cos(v); } };
-struct tanh { template <class T> T operator()(T v) const { return std::tanh(v); } };
+struct tanh {
+  template <class T> T operator()(T v) const { return std::tanh(v); }
+  static void floats(const float* x, float* y, int64_t n) { detail::vtanh(x, y, n); }
+};
 struct sigmoid { template <class T> T operator()(T v) const { return T(1) / (T(1) + std::exp(-v)); } };
 /// GELU, exact (erf) form, as PyTorch's default.
 struct gelu {
   template <class T> T operator()(T v) const { return T(0.5) * v * (T(1) + std::erf(v * T(0.70710678118654752440))); }
+  static void floats(const float* x, float* y, int64_t n) {
+    constexpr int64_t kBlock = 256;
+    float e[kBlock];
+    for (int64_t start = 0; start < n; start += kBlock) {
+      const int64_t m = std::min(kBlock, n - start);
+      for (int64_t i = 0; i < m; ++i) e[i] = x[start + i] * 0.70710678118654752440f;
+      detail::verf(e, e, m);
+      for (int64_t i = 0; i < m; ++i) y[start + i] = 0.5f * x[start + i] * (1.0f + e[i]);
+    }
+  }
 };
 struct silu { template <class T> T operator()(T v) const { return v / (T(1) + std::exp(-v)); } };
 struct log1p { template <class T> T operator()(T v) const { return std::log1p(v); } };
 struct expm1 { template <class T> T operator()(T v) const { return std::expm1(v); } };
-struct erf { template <class T> T operator()(T v) const { return std::erf(v); } };
+struct erf {
+  template <class T> T operator()(T v) const { return std::erf(v); }
+  static void floats(const float* x, float* y, int64_t n) { detail::verf(x, y, n); }
+};
 // log(1 + e^v), linear above 20 as torch.nn.functional.softplus's default threshold.
 struct softplus { template <class T> T operator()(T v) const { return v > T(20) ? v : std::log1p(std::exp(v)); } };
 
