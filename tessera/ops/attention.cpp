@@ -87,15 +87,20 @@ class Scores {
   // Whether the tile starting at column j0 lies wholly above the causal diagonal of rows ending at i_last.
   bool skipped(int64_t i_last, int64_t j0) const { return call_.is_causal && col0() + j0 > row0() + i_last; }
 
+  // How many of the columns j0 .. j0 + cols row i may attend to under the causal mask: they come
+  // first (all of them without it).
+  int64_t live(int64_t i, int64_t j0, int64_t cols) const {
+    if (!call_.is_causal) return cols;
+    return std::clamp<int64_t>(row0() + i - col0() - j0 + 1, 0, cols);
+  }
+
   // tile[r, c] for rows i0.., columns j0..: scale * q_r . k_c, masked.
   void fill(int64_t b, const C* q, const C* k, int64_t e, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
             C* tile) const {
     gemm(false, true, rows, cols, e, static_cast<C>(call_.scale), q + i0 * e, e, k + j0 * e, e, C(0), tile, cols);
     const C minus_inf = -std::numeric_limits<C>::infinity();
     if (call_.is_causal) {
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c)
-          if (col0() + j0 + c > row0() + i0 + r) tile[r * cols + c] = minus_inf;
+      for (int64_t r = 0; r < rows; ++r) std::fill(tile + r * cols + live(i0 + r, j0, cols), tile + (r + 1) * cols, minus_inf);
     }
     if (!mask_.defined()) return;
     const Strides& st = mask_.strides();
@@ -185,17 +190,20 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
         const Tensor keep = scores.keep(b, i0, rows, j0, cols);
         for (int64_t r = 0; r < rows; ++r) {
           C* row = tile.data() + r * cols;
+          // Causally masked columns (the row's last ones) get P = 0 without an exp.
+          const int64_t live = scores.live(i0 + r, j0, cols);
           C top = m[r];
-          for (int64_t c = 0; c < cols; ++c) top = std::max(top, row[c]);
+          for (int64_t c = 0; c < live; ++c) top = std::max(top, row[c]);
           if (top == minus_inf) {  // nothing to attend to yet in this row: P is 0
             std::fill(row, row + cols, C(0));
             continue;
           }
           const C rescale = std::exp(m[r] - top);
           C total = 0;
-          for (int64_t c = 0; c < cols; ++c) row[c] -= top;
-          exp_in_place(row, cols);
-          for (int64_t c = 0; c < cols; ++c) total += row[c];
+          for (int64_t c = 0; c < live; ++c) row[c] -= top;
+          exp_in_place(row, live);
+          std::fill(row + live, row + cols, C(0));
+          for (int64_t c = 0; c < live; ++c) total += row[c];
           l[r] = l[r] * rescale + total;
           m[r] = top;
           for (int64_t f = 0; f < F; ++f) acc[r * F + f] *= rescale;
@@ -242,9 +250,13 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
       for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
         const int64_t cols = std::min(kCols, S - j0);
         scores.fill(b, qb, kb, E, i0, rows, j0, cols, p.data());
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < cols; ++c) p[r * cols + c] -= lb[i0 + r];
-        exp_in_place(p.data(), rows * cols);
+        for (int64_t r = 0; r < rows; ++r) {
+          C* row = p.data() + r * cols;
+          const int64_t live = scores.live(i0 + r, j0, cols);
+          for (int64_t c = 0; c < live; ++c) row[c] -= lb[i0 + r];
+          exp_in_place(row, live);
+          std::fill(row + live, row + cols, C(0));
+        }
         const Tensor keep = scores.keep(b, i0, rows, j0, cols);
         // dP (of the dropped weights) = dO_i V_j^T.
         gemm(false, true, rows, cols, F, C(1), gb + i0 * F, F, vb + j0 * F, F, C(0), dp.data(), cols);
