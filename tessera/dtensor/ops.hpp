@@ -7,6 +7,7 @@
 // DTensor throws ShardingError naming the op. Operands on different meshes throw ShardingError.
 // Shape errors throw ValueError as the Tensor op does.
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <tessera/core/export.hpp>
@@ -155,6 +156,15 @@ DTensor mse_loss(const DTensor& input, const DTensor& target, Reduction reductio
 DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v,
                                      const std::optional<DTensor>& attn_mask = std::nullopt, double dropout_p = 0.0,
                                      bool is_causal = false, std::optional<double> scale = std::nullopt);
+
+/// The fused backward kernels (ops/fused_backward.hpp) on each rank's block: gelu_backward with
+/// grad brought to x's layout (Partial reduced first); norm_backward where every block holds
+/// whole rows (the normalised dims unsharded, the weight replicated; the results in x's layout),
+/// else op by op (the results in the layouts those ops give). No communication unless a layout
+/// must change.
+DTensor gelu_backward(const DTensor& grad, const DTensor& x);
+std::pair<DTensor, DTensor> norm_backward(const DTensor& grad, const DTensor& x, const std::optional<DTensor>& weight,
+                                          int64_t count, double eps, bool centred);
 
 // --- views: sharding kept where the sharded dim maps cleanly, else a planned redistribution ----
 DTensor reshape(const DTensor& x, const Shape& shape);  ///< one -1 allowed

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <numbers>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <tessera/grad/engine.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/ops/einsum.hpp>
+#include <tessera/ops/fused_backward.hpp>
 #include <tessera/ops/indexing.hpp>
 #include <tessera/ops/shape_ops.hpp>
 #include <tessera/ops/op_table.hpp>
@@ -64,12 +66,11 @@ T share_of(const T& g, const T& wins, const T& ties) {
 
 // --- elementwise: one derivative per row of the op table ---------------------------------------
 
-/// gelu = x Phi(x): d/dx = Phi(x) + x phi(x), with Phi = y / x (1/2 at x = 0).
+/// gelu = x Phi(x): d/dx = Phi(x) + x phi(x), as one kernel (gelu_backward: Tensor's in
+/// ops/fused_backward.hpp, DTensor's on each block).
 template <class T>
-T gelu_grad(const T& g, const T& x, const T& y) {
-  const T cdf = where(eq(x, Scalar(0.0)), Scalar(0.5), div(y, x));
-  const T pdf = mul(exp(mul(mul(x, x), Scalar(-0.5))), Scalar(1.0 / std::sqrt(2.0 * std::numbers::pi)));
-  return mul(g, add(cdf, mul(x, pdf)));
+T gelu_grad(const T& g, const T& x, const T& /*y*/) {
+  return gelu_backward(g, x);
 }
 
 /// silu = x sigmoid(x): d/dx = s (1 + x (1 - s)).
@@ -393,17 +394,27 @@ void record_norm(const char* name, T& out, const T& x, int64_t count, const std:
   record<T>(name, out, {&x, w, b},
             [x = x_saved.detach(), w = w_saved ? std::optional<T>(w_saved->detach()) : std::nullopt,
              bias_shape = b ? b->shape() : Shape(), has_bias = b != nullptr, count, eps, centred](const T& g) {
-              std::vector<int64_t> dims;
-              for (int64_t d = x.ndim() - count; d < x.ndim(); ++d) dims.push_back(d);
-              const T xc = centred ? sub(x, mean(x, dims, true)) : x;
-              const T rstd = rsqrt(add(mean(mul(xc, xc), dims, true), Scalar(eps)));
-              const T xhat = mul(xc, rstd);
-              const T gxhat = w ? mul(g, *w) : g;
-              T inner = sub(gxhat, mul(xhat, mean(mul(gxhat, xhat), dims, true)));
-              if (centred) inner = sub(inner, mean(gxhat, dims, true));
-              return std::vector<T>{mul(rstd, inner), w ? sum_to(mul(g, xhat), w->shape()) : T(),
-                                    has_bias ? sum_to(g, bias_shape) : T()};
+              // One kernel for the rows (norm_backward: Tensor's in ops/fused_backward.hpp,
+              // DTensor's on each block); the weight's and bias's sums over the rows after.
+              const auto [dx, g_xhat] = norm_backward(g, x, w, count, eps, centred);
+              return std::vector<T>{dx, w ? sum_to(g_xhat, w->shape()) : T(), has_bias ? sum_to(g, bias_shape) : T()};
             });
+}
+
+/// The gradients norm_backward computes, op by op (the DTensor form's fallback where a block
+/// lacks whole rows): {d loss / dx, grad * xhat}.
+template <class T>
+std::pair<T, T> norm_backward_by_ops(const T& g, const T& x, const std::optional<T>& w, int64_t count, double eps,
+                                     bool centred) {
+  std::vector<int64_t> dims;
+  for (int64_t d = x.ndim() - count; d < x.ndim(); ++d) dims.push_back(d);
+  const T xc = centred ? sub(x, mean(x, dims, true)) : x;
+  const T rstd = rsqrt(add(mean(mul(xc, xc), dims, true), Scalar(eps)));
+  const T xhat = mul(xc, rstd);
+  const T gxhat = w ? mul(g, *w) : g;
+  T inner = sub(gxhat, mul(xhat, mean(mul(gxhat, xhat), dims, true)));
+  if (centred) inner = sub(inner, mean(gxhat, dims, true));
+  return {mul(rstd, inner), mul(g, xhat)};
 }
 
 template <class T>
