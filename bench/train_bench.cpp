@@ -89,12 +89,38 @@ Result measure(int ranks, std::vector<int64_t> mesh_shape, const std::function<v
 
 }  // namespace
 
+// One setup by name, as bench/peers/run_peers.py asks for it (the same names as the peers'
+// scripts): "setup=<name> step_ms=<median>".
+int run_setup(const std::string& name) {
+  const auto tp_and_fsdp = [](nn::TransformerLM& m) {
+    nn::parallelize_module(m, "tp", nn::transformer_tp_plan());
+    nn::fully_shard(m, "dp");
+  };
+  const auto tp = [](nn::TransformerLM& m) { nn::parallelize_module(m, "tp", nn::transformer_tp_plan()); };
+  Result r;
+  if (name == "1rank") r = measure(1, {1, 1}, [](nn::TransformerLM&) {}, {Replicate{}, Replicate{}});
+  else if (name == "dp4") r = measure(4, {4, 1}, [](nn::TransformerLM&) {}, {Shard{0}, Replicate{}});
+  else if (name == "tp4") r = measure(4, {1, 4}, tp, {Replicate{}, Replicate{}});
+  else if (name == "dp2xtp2") r = measure(4, {2, 2}, tp_and_fsdp, {Shard{0}, Replicate{}});
+  else {
+    std::fprintf(stderr, "unknown setup '%s' (1rank, dp4, tp4, dp2xtp2)\n", name.c_str());
+    return 2;
+  }
+  std::printf("setup=%s step_ms=%.2f collectives=%lld\n", name.c_str(), r.step_ms, static_cast<long long>(r.collectives));
+  return 0;
+}
+
 int main(int argc, char** argv) {
   // --profile N: only the 1-rank step, N times (for perf record).
   if (argc == 3 && std::string(argv[1]) == "--profile") {
     kSteps = std::atoi(argv[2]);
     std::printf("1 rank: %.1f ms per step (median of %d)\n", measure(1, {1, 1}, [](nn::TransformerLM&) {}, {Replicate{}, Replicate{}}).step_ms, kSteps);
     return 0;
+  }
+  // --setup NAME [--steps N]: one setup, one line (bench/peers/run_peers.py).
+  if (argc >= 3 && std::string(argv[1]) == "--setup") {
+    if (argc >= 5 && std::string(argv[3]) == "--steps") kSteps = std::atoi(argv[4]);
+    return run_setup(argv[2]);
   }
   const auto c = config();
   std::printf("Training step (forward, backward, clipping, AdamW) of a %lld-layer LM: dim %lld, %lld heads, vocab %lld, "

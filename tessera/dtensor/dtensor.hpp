@@ -202,7 +202,8 @@ class DTensor {
   /// Replaces a leaf's gradient (undefined clears it).
   void set_grad(const DTensor& grad);
   /// Backpropagates from this DTensor (every rank calls it; collectives run inside). Without a
-  /// gradient the DTensor must have one element: its gradient is 1.
+  /// gradient the DTensor must have one element: its gradient is 1. Leaf gradients that arrive
+  /// Partial (data parallel) are summed locally and reduced in buckets when it returns.
   void backward() const;
   void backward(const DTensor& grad) const;
   /// The same DTensor with no autograd history.
@@ -244,9 +245,10 @@ Layout gradient_layout(const Layout& layout);
 
 /// DDP's no_sync for DTensor leaves (RAII): inside the scope, a leaf's gradient that arrives
 /// Partial (a sum still owed over the ranks that split the batch or the rows) stays Partial and
-/// accumulates locally; when the outermost scope ends, each such gradient is reduced once into
-/// the leaf's gradient layout, in the order the leaves first received one (the same on every
-/// rank). So n microbatches cost one gradient reduction, not n: microbatch() and
+/// accumulates locally; when the outermost scope ends, these gradients are reduced once into
+/// the leaves' gradient layouts, in buckets (reduce_partials), in the order the leaves first
+/// received one (the same on every rank). (Outside NoSync, backward() does the same when it
+/// returns: one bucketed reduction per backward, not one collective per parameter.) So n microbatches cost one gradient reduction, not n: microbatch() and
 /// mpmd::Pipeline::step() open one. Inside the scope a leaf's grad() may be Partial. Per rank;
 /// every rank of a mesh opens and closes it alike. A scope left by an exception reduces nothing.
 class NoSync {

@@ -32,7 +32,8 @@ DTensor cast(const DTensor& x, DType dtype, const DeviceMesh& mesh) {
 // NoSync's state on this rank: its depth, and the leaves holding a deferred (Partial) gradient,
 // in the order their first gradient arrived (the same order on every rank).
 struct Deferred {
-  int depth = 0;
+  int depth = 0;           // open NoSync scopes
+  int backward_depth = 0;  // running DTensor::backward calls
   struct Leaf {
     std::weak_ptr<autograd::Meta> meta;
     DeviceMesh mesh;
@@ -47,7 +48,31 @@ Deferred& deferred() {
   return *std::static_pointer_cast<Deferred>(slot);
 }
 
-bool deferring() { return in_rank() && deferred().depth > 0; }
+// Partial gradients wait (summed locally) while a backward runs or a NoSync scope is open.
+bool deferring() { return in_rank() && (deferred().depth > 0 || deferred().backward_depth > 0); }
+
+// The deferred leaves' gradients reduced in buckets (reduce_partials: one flat all_reduce per
+// group, as DDP's buckets), each then in its leaf's layout.
+void reduce_deferred() {
+  Deferred& state = deferred();
+  std::vector<Deferred::Leaf> leaves = std::move(state.leaves);
+  state.leaves.clear();
+  std::vector<std::shared_ptr<autograd::Meta>> metas;
+  std::vector<const Deferred::Leaf*> owners;
+  std::vector<DTensor> grads;
+  for (const Deferred::Leaf& leaf : leaves) {
+    std::shared_ptr<autograd::Meta> meta = leaf.meta.lock();
+    if (!meta || !meta->grad.has_value()) continue;
+    grads.push_back(std::any_cast<const DTensor&>(meta->grad));
+    metas.push_back(std::move(meta));
+    owners.push_back(&leaf);
+  }
+  const std::vector<DTensor> reduced = reduce_partials(grads);
+  for (size_t i = 0; i < metas.size(); ++i) {
+    const Deferred::Leaf& leaf = *owners[i];
+    metas[i]->grad = reduced[i].layout() == leaf.target ? reduced[i] : reduced[i].redistribute(leaf.mesh, leaf.target);
+  }
+}
 
 }  // namespace
 
@@ -55,16 +80,13 @@ NoSync::NoSync() { ++deferred().depth; }
 
 NoSync::~NoSync() {
   Deferred& state = deferred();
-  if (--state.depth > 0) return;
-  std::vector<Deferred::Leaf> leaves = std::move(state.leaves);
-  state.leaves.clear();
+  if (--state.depth > 0 || state.backward_depth > 0) return;
   // Unwinding from an error: the ranks may be anywhere; reduce nothing.
-  if (std::uncaught_exceptions() > 0) return;
-  for (const Deferred::Leaf& leaf : leaves) {
-    const std::shared_ptr<autograd::Meta> meta = leaf.meta.lock();
-    if (!meta || !meta->grad.has_value()) continue;
-    meta->grad = std::any_cast<const DTensor&>(meta->grad).redistribute(leaf.mesh, leaf.target);
+  if (std::uncaught_exceptions() > 0) {
+    state.leaves.clear();
+    return;
   }
+  reduce_deferred();
 }
 
 DTensor& DTensor::requires_grad_(bool on) {
@@ -82,7 +104,8 @@ DTensor& DTensor::requires_grad_(bool on) {
   meta->accumulate = [mesh = mesh_, target = gradient_layout(*layout_), self = std::weak_ptr<autograd::Meta>(meta)](
                          autograd::Meta& leaf, const std::any& incoming) {
     DTensor grad = cast(std::any_cast<const DTensor&>(incoming), target.dtype(), mesh);
-    // Under NoSync a Partial gradient stays Partial (summed locally; reduced once at the end).
+    // During a backward or under NoSync a Partial gradient stays Partial (summed locally;
+    // reduced in buckets at the end).
     if (deferring() && grad.layout().has_partial()) {
       if (!leaf.grad.has_value()) {
         deferred().leaves.push_back({self, mesh, target});
@@ -140,7 +163,17 @@ void DTensor::backward(const DTensor& grad) const {
                 " does not require a gradient (no input called requires_grad_)");
   TESSERA_CHECK(grad.shape() == shape(), ShardingError, "DTensor::backward", "gradient ", grad.to_string(), " for ",
                 to_string());
-  autograd::run_backward(autograd_, std::any(grad));
+  // Partial gradients (data parallel) are summed locally during the backward and reduced in
+  // buckets once it finished (unless a NoSync scope defers them further).
+  Deferred& state = deferred();
+  ++state.backward_depth;
+  try {
+    autograd::run_backward(autograd_, std::any(grad));
+  } catch (...) {
+    if (--state.backward_depth == 0 && state.depth == 0) state.leaves.clear();
+    throw;
+  }
+  if (--state.backward_depth == 0 && state.depth == 0) reduce_deferred();
 }
 
 DTensor DTensor::detach() const {

@@ -157,6 +157,14 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
                                      const std::optional<DTensor>& attn_mask = std::nullopt, double dropout_p = 0.0,
                                      bool is_causal = false, std::optional<double> scale = std::nullopt);
 
+/// Reduces the Partial mesh dims of each tensor (to Replicate), in buckets as DDP reduces
+/// gradients: tensors reduced over the same mesh dims with the same op and dtype travel in one
+/// flat all_reduce per `bucket_bytes` (sized by the global tensors, so every rank closes the same
+/// buckets), instead of one collective each. Tensors without Partial come back as they are; one
+/// with two reduce ops goes through redistribute. Collective: every rank of each mesh passes the
+/// same tensors in the same order.
+std::vector<DTensor> reduce_partials(const std::vector<DTensor>& tensors, int64_t bucket_bytes = int64_t{25} << 20);
+
 /// The fused backward kernels (ops/fused_backward.hpp) on each rank's block: gelu_backward with
 /// grad brought to x's layout (Partial reduced first); norm_backward where every block holds
 /// whole rows (the normalised dims unsharded, the weight replicated; the results in x's layout),

@@ -43,6 +43,7 @@ SGD::SGD(std::vector<DTensor*> params, double lr, double momentum, double weight
 
 void SGD::step() {
   autograd::NoGradGuard no_grad;
+  reduce_gradients_(params_);
   for (size_t i = 0; i < params_.size(); ++i) {
     DTensor& p = *params_[i];
     DTensor g = p.grad();
@@ -68,6 +69,7 @@ AdamW::AdamW(std::vector<DTensor*> params, double lr, double beta1, double beta2
 
 void AdamW::step() {
   autograd::NoGradGuard no_grad;
+  reduce_gradients_(params_);  // data-parallel sums in buckets (a no-op after clip_grad_norm_)
   ++steps_;
   AdamWStep hyper{lr_, beta1_, beta2_, eps_, weight_decay_, 1 - std::pow(beta1_, static_cast<double>(steps_)),
                   1 - std::pow(beta2_, static_cast<double>(steps_))};
@@ -96,8 +98,22 @@ void AdamW::step() {
   }
 }
 
+void reduce_gradients_(const std::vector<DTensor*>& params, int64_t bucket_bytes) {
+  autograd::NoGradGuard no_grad;
+  std::vector<DTensor*> partial;
+  std::vector<DTensor> grads;
+  for (DTensor* p : params) {
+    const DTensor g = p->grad();
+    if (g.defined() && g.layout().has_partial()) partial.push_back(p), grads.push_back(g);
+  }
+  if (partial.empty()) return;
+  const std::vector<DTensor> reduced = reduce_partials(grads, bucket_bytes);
+  for (size_t i = 0; i < partial.size(); ++i) partial[i]->set_grad(reduced[i]);
+}
+
 double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm) {
   autograd::NoGradGuard no_grad;
+  reduce_gradients_(params);
   // Per mesh, one all_reduce over the mesh dims that shard some gradient: each rank sums the
   // squares of the blocks it owns, one replica of each block counting (coordinate 0 of those
   // dims where the block is replicated). Over the other dims every rank holds the same total.

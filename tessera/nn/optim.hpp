@@ -52,8 +52,16 @@ class AdamW : public Optimizer {
 };
 
 /// Scales every gradient by max_norm / total when the total 2-norm over all parameters (all
-/// shards) exceeds max_norm; returns the total norm before clipping. Every rank calls it.
+/// shards) exceeds max_norm; returns the total norm before clipping. Gradients that are Partial
+/// sums are reduced first (reduce_gradients_). One all_reduce per mesh for the norm. Every rank
+/// calls it.
 double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm);
+
+/// Reduces every gradient that is still a Partial sum (one set by hand, or kept Partial under
+/// NoSync) to its value, in buckets (reduce_partials). Backward already reduces the gradients it
+/// produces this way; optimizers and clip_grad_norm_ call it for the others. Every rank calls it
+/// with the same parameters in the same order.
+void reduce_gradients_(const std::vector<DTensor*>& params, int64_t bucket_bytes = int64_t{25} << 20);
 
 /// Linear warmup from 0 over `warmup` steps, then cosine decay to `min_lr` at `total` steps.
 double warmup_cosine_lr(int64_t step, int64_t warmup, int64_t total, double max_lr, double min_lr = 0.0);
