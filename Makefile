@@ -17,6 +17,9 @@
 #                                    2 hosts x 2 ranks and 3 hosts x 2 ranks; skipped (exit 0) where
 #                                    it cannot run (needs root and iproute2)
 #   make bench-multihost             Release build, tessera_comm_bench on 2 hosts x 2 ranks over TCP
+#   make bench-peers                 Release build, then the training step of tessera_train_bench next to
+#                                    the same model in PyTorch (eager, DTensor, FSDP2) and JAX (jit), installed
+#                                    from PyPI into build/peers-venv for this target only (bench/peers)
 #   make sanitize                    ASan+UBSan build in build-sanitize, run every test
 #   make sanitize TESSERA_SANITIZE=thread   TSan build in build-tsan, run every test
 #   make install PREFIX=/opt/tessera install headers, library and the CMake package
@@ -70,7 +73,7 @@ define configure
 	fi
 endef
 
-.PHONY: all help deps configure build demo demo-xla test test-multihost bench bench-multihost sanitize install consumer clean
+.PHONY: all help deps configure build demo demo-xla test test-multihost bench bench-multihost bench-peers sanitize install consumer clean
 
 all: build
 
@@ -136,6 +139,19 @@ bench: deps
 	  echo "== mpirun -np 4 --oversubscribe $(BENCH_DIR)/bench/tessera_redistribute_bench"; \
 	  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
 	    mpirun -np 4 --oversubscribe $(BENCH_DIR)/bench/tessera_redistribute_bench $(BENCH_ARGS); fi
+
+# PyTorch and JAX are never Tessera dependencies: a venv of their own, made on first use.
+PEERS_VENV ?= build/peers-venv
+PEERS_ROUNDS ?= 3
+bench-peers: deps
+	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))
+	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_train_bench
+	@python3 -c 'import ensurepip, venv' 2>/dev/null || scripts/install-deps.sh --peers
+	@test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	@$(PEERS_VENV)/bin/python -c 'import torch, jax' 2>/dev/null || \
+	  $(PEERS_VENV)/bin/pip install -q -r bench/peers/requirements.txt
+	$(PEERS_VENV)/bin/python bench/peers/run_peers.py --tessera $(BENCH_DIR)/bench/tessera_train_bench \
+	  --python $(PEERS_VENV)/bin/python --rounds $(PEERS_ROUNDS)
 
 bench-multihost: deps
 	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))

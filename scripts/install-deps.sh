@@ -5,6 +5,7 @@
 #
 #   scripts/install-deps.sh            # install what is missing
 #   scripts/install-deps.sh --check    # exit 1 (and list them) if any are missing; install nothing
+#   scripts/install-deps.sh --peers    # also python3-venv (make bench-peers' venv of PyTorch and JAX)
 set -euo pipefail
 
 packages=(
@@ -21,8 +22,10 @@ packages=(
 check_only=0
 if [[ "${1:-}" == "--check" ]]; then
   check_only=1
+elif [[ "${1:-}" == "--peers" ]]; then
+  packages+=(python3 python3-venv)
 elif [[ $# -gt 0 ]]; then
-  echo "usage: $0 [--check]" >&2
+  echo "usage: $0 [--check | --peers]" >&2
   exit 2
 fi
 
