@@ -145,13 +145,13 @@ PEERS_VENV ?= build/peers-venv
 PEERS_ROUNDS ?= 3
 bench-peers: deps
 	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))
-	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_train_bench
+	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_train_bench tessera_dispatch_bench
 	@python3 -c 'import ensurepip, venv' 2>/dev/null || scripts/install-deps.sh --peers
 	@test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
 	@$(PEERS_VENV)/bin/python -c 'import torch, jax' 2>/dev/null || \
 	  $(PEERS_VENV)/bin/pip install -q -r bench/peers/requirements.txt
 	$(PEERS_VENV)/bin/python bench/peers/run_peers.py --tessera $(BENCH_DIR)/bench/tessera_train_bench \
-	  --python $(PEERS_VENV)/bin/python --rounds $(PEERS_ROUNDS)
+	  --python $(PEERS_VENV)/bin/python --rounds $(PEERS_ROUNDS) --dispatch $(BENCH_DIR)/bench/tessera_dispatch_bench
 
 bench-multihost: deps
 	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))

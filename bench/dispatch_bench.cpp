@@ -9,7 +9,7 @@
 // Per op: local = the same Tensor op on this rank's shards (the floor); hit = the DTensor op with
 // its decision cached (warmed by one call); miss = the DTensor op after clear_dispatch_cache()
 // (rule + planner each call; the clear itself is not timed). overhead = hit - local.
-// Goal: overhead < 1000 ns for add and matmul (PyTorch DTensor's is 25-90 us); a hit must make
+// Goal: overhead < 1000 ns for add and matmul (PyTorch 2.15 DTensor: about 7 us of CPU time per op, measured by make bench-peers); a hit must make
 // no planner call (a miss prices candidates with plans cached per process, so it reports 0 too).
 // Goals are reported, never asserted.
 //
@@ -219,7 +219,7 @@ void bench(const Options& options, const char* argv0) {
     }
   }
   if (rank() == 0)
-    std::printf("goal: overhead < 1000 ns for add and matmul (PyTorch DTensor: 25-90 us); planner/hit = 0\n");
+    std::printf("goal: overhead < 1000 ns for add and matmul (PyTorch 2.15 DTensor: about 7 us of CPU time; make bench-peers measures it); planner/hit = 0\n");
   const nlohmann::json cold = cold_misses();
   if (rank() == 0) {
     bench_util::write_json({{"ranks", world_size()},

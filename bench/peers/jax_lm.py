@@ -22,12 +22,15 @@ def parse():
 
 
 args = parse()
-# One thread per device, and 4 host devices for the 4-device setups: XLA reads these at import.
+# One thread per device (unless PEERS_THREADS > 1: XLA's thread pool over every core), and 4
+# host devices for the 4-device setups: XLA reads these at import.
 # intra_op_parallelism_threads=1 is no --flag: XLA stops parsing at it, so it must come last.
-flags = ["--xla_cpu_multi_thread_eigen=false"]
+one_thread = int(os.environ.get("PEERS_THREADS", "1")) <= 1
+flags = ["--xla_cpu_multi_thread_eigen=false"] if one_thread else []
 if args.setup != "1rank":
     flags.append("--xla_force_host_platform_device_count=4")
-flags.append("intra_op_parallelism_threads=1")
+if one_thread:
+    flags.append("intra_op_parallelism_threads=1")
 os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", "")] + flags).strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
 

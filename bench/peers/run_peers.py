@@ -5,34 +5,124 @@ Runs every setup of each system, interleaved (Tessera, PyTorch, JAX for one setu
 setup), for --rounds rounds, and prints each system's median over the rounds and the ratios
 against Tessera (> 1: Tessera is faster). The machine is shared and noisy; interleaving keeps a
 slow moment from landing on one system only. Nothing is asserted.
+
+With --dispatch PATH (the tessera_dispatch_bench binary) it then also compares DTensor op-dispatch
+overhead: Tessera's dispatch bench and torch_dispatch.py, once each per round, interleaved, and
+prints a second table of each op's overhead over its local op (medians over the rounds).
 """
 import argparse
+import json
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 
-SETUPS = ["1rank", "dp4", "tp4", "dp2xtp2"]
-LABELS = {"1rank": "1 rank", "dp4": "dp4 (DDP)", "tp4": "tp4", "dp2xtp2": "dp2 x tp2 (TP + FSDP)"}
+SETUPS = ["1rank", "dp4", "tp4", "dp2xtp2", "1rank-2t"]
+LABELS = {"1rank": "1 rank", "dp4": "dp4 (DDP)", "tp4": "tp4", "dp2xtp2": "dp2 x tp2 (TP + FSDP)",
+          "1rank-2t": "1 rank x 2 threads"}
+# "<setup>-<n>t": the setup with n intra-op threads per rank (Tessera: BLAS threads; PyTorch:
+# set_num_threads; JAX: XLA's thread pool over every core) instead of one.
+
+
+def split_setup(name):
+    """("1rank", 2) for "1rank-2t"; (name, 1) otherwise."""
+    match = re.fullmatch(r"(.+)-(\d+)t", name)
+    return (match.group(1), int(match.group(2))) if match else (name, 1)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def one_thread_env():
+def one_thread_env(threads=1):
     env = dict(os.environ)
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = "1"
+    env["PEERS_THREADS"] = env["TESSERA_BLAS_THREADS"] = str(threads)
     return env
 
 
-def run(cmd):
+def run(cmd, threads=1):
     """Runs one measurement; returns its step_ms, or None (with the reason on stderr)."""
-    done = subprocess.run(cmd, env=one_thread_env(), capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(cmd, env=one_thread_env(threads), capture_output=True, text=True, timeout=1800)
     match = re.search(r"step_ms=([0-9.]+)", done.stdout)
     if done.returncode != 0 or not match:
         sys.stderr.write(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}{done.stderr[-2000:]}\n")
         return None
     return float(match.group(1))
+
+
+DISPATCH_OPS = ["add", "matmul", "softmax", "reshape"]
+
+
+def run_json(cmd, json_path=None):
+    """Runs one dispatch measurement; returns its JSON object (read from json_path, or the last
+    line of stdout that is a JSON object), or None (with the reason on stderr)."""
+    done = subprocess.run(cmd, env=one_thread_env(), capture_output=True, text=True, timeout=1800)
+    result = None
+    try:
+        if json_path is not None:
+            with open(json_path) as f:
+                result = json.load(f)
+        else:
+            lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+            result = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        result = None
+    if done.returncode != 0 or result is None or "rows" not in result:
+        sys.stderr.write(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}\n")
+        return None
+    return result
+
+
+def dispatch_table(args):
+    """Tessera's dispatch bench and torch_dispatch.py, interleaved for --rounds rounds."""
+    overheads = {(system, op): [] for system in ("Tessera", "PyTorch", "PyTorch CPU") for op in DISPATCH_OPS}
+    collectives = {}  # op -> the largest collective count torch_dispatch.py saw in one DTensor call
+    torch_version = None
+    with tempfile.TemporaryDirectory() as tmp:
+        json_path = os.path.join(tmp, "dispatch.json")
+        for r in range(args.rounds):
+            commands = {
+                "Tessera": ([args.dispatch, "--iters", "5000", "--json", json_path], json_path),
+                "PyTorch": ([args.python, os.path.join(HERE, "torch_dispatch.py")], None),
+            }
+            for system, (cmd, path) in commands.items():
+                if path is not None and os.path.exists(path):
+                    os.remove(path)  # a failed run must not read the last round's file
+                result = run_json(cmd, path)
+                rows = {row["op"]: row for row in result["rows"]} if result else {}
+                for op in DISPATCH_OPS:
+                    if op in rows:
+                        overheads[(system, op)].append(rows[op]["overhead_ns"])
+                        if system == "PyTorch" and "overhead_cpu_ns" in rows[op]:
+                            overheads[("PyTorch CPU", op)].append(rows[op]["overhead_cpu_ns"])
+                        if system == "PyTorch":
+                            collectives[op] = max(collectives.get(op, 0), rows[op].get("collectives", 0))
+                if system == "PyTorch" and result:
+                    torch_version = result.get("torch")
+                summary = " ".join(f"{op}={rows[op]['overhead_ns']:.0f}" for op in DISPATCH_OPS if op in rows)
+                print(f"round {r + 1} dispatch {system:10s} {summary or 'failed'} (overhead ns)", file=sys.stderr)
+
+    def median(system, op):
+        values = overheads[(system, op)]
+        return statistics.median(values) if values else float("nan")
+
+    print(f"\nDTensor op dispatch overhead (hit - local), 1-d mesh of 4 ranks, median of {args.rounds} "
+          f"interleaved rounds:\n")
+    header = (f"{'op':10s} {'Tessera overhead (ns)':>22s} {'PyTorch DTensor overhead (us)':>30s} "
+              f"{'PyTorch/Tessera':>16s} {'PyTorch CPU (us)':>17s}")
+    print(header)
+    print("-" * len(header))
+    for op in DISPATCH_OPS:
+        t, p = median("Tessera", op), median("PyTorch", op)
+        ratio = p / t if t > 0 else float("nan")
+        c = median("PyTorch CPU", op)
+        print(f"{op:10s} {t:22.0f} {p / 1e3:30.2f} {ratio:15.1f}x {c / 1e3:17.2f}")
+    comm = ", ".join(f"{op} {collectives[op]}" for op in DISPATCH_OPS if op in collectives)
+    print(f"\n(PyTorch {torch_version or '?'}; collectives per DTensor call, CommDebugMode: {comm or '?'}."
+          f"\n Tessera: rank threads, 5000 calls per repetition; PyTorch: rank processes over gloo, 2000."
+          f"\n Overheads are wall clock on rank 0. PyTorch CPU: the same from rank 0's thread CPU time, which"
+          f"\n leaves out time descheduled; a loaded machine inflates PyTorch's long loops more than short ones.)")
 
 
 def main():
@@ -42,6 +132,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--setups", default=",".join(SETUPS))
+    parser.add_argument("--dispatch", help="the tessera_dispatch_bench binary: also compare DTensor op-dispatch "
+                        "overhead with torch_dispatch.py (a second table)")
     args = parser.parse_args()
     setups = args.setups.split(",")
     systems = {
@@ -54,8 +146,9 @@ def main():
     times = {(system, s): [] for system in systems for s in setups}
     for r in range(args.rounds):
         for s in setups:
+            base, threads = split_setup(s)
             for system, command in systems.items():
-                ms = run(command(s))
+                ms = run(command(base), threads)
                 if ms is not None:
                     times[(system, s)].append(ms)
                 print(f"round {r + 1} {s:8s} {system:10s} {ms if ms is not None else 'failed'}", file=sys.stderr)
@@ -64,7 +157,8 @@ def main():
         values = times[(system, s)]
         return statistics.median(values) if values else float("nan")
 
-    print(f"\nTraining step (ms), median of {args.rounds} interleaved rounds, one intra-op thread per rank:\n")
+    print(f"\nTraining step (ms), median of {args.rounds} interleaved rounds, one intra-op thread per rank "
+          "unless the setup says otherwise:\n")
     header = f"{'setup':24s} {'Tessera':>9s} {'PyTorch':>9s} {'JAX jit':>9s} {'PyTorch/Tessera':>16s} {'JAX/Tessera':>12s}"
     print(header)
     print("-" * len(header))
@@ -72,6 +166,8 @@ def main():
         t, p, j = median("Tessera", s), median("PyTorch", s), median("JAX (jit)", s)
         print(f"{LABELS.get(s, s):24s} {t:9.1f} {p:9.1f} {j:9.1f} {p / t:15.2f}x {j / t:11.2f}x")
     print("\n(> 1x: Tessera is faster. 4-rank setups share this machine's cores.)")
+    if args.dispatch:
+        dispatch_table(args)
 
 
 if __name__ == "__main__":

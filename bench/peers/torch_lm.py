@@ -123,7 +123,7 @@ def clip_grad_norm(params, max_norm):
 
 
 def worker(rank, setup, steps, warmup, world, port):
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ.get("PEERS_THREADS", "1")))  # intra-op threads per rank
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
