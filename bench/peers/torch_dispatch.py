@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import statistics
 import sys
 import time
@@ -35,6 +34,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch starts its pools
 
 import torch
 import torch.distributed as dist
+
+from torch_lm import free_port  # the same loopback port picking (this folder is on sys.path)
 
 REPETITIONS = 7
 WORLD = 4
@@ -155,12 +156,6 @@ def worker(rank, iters, port):
                           "repetitions": REPETITIONS, "backend": "gloo, one process per rank"}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():

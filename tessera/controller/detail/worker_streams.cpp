@@ -228,7 +228,7 @@ void worker_loop(WorkerPort& port, Health& health) {
 }
 
 void mpi_worker_loop() {
-  Health health;  // a failure outside an op: reported when the controller asks
+  Health health;  // a failure outside an op: the streams stop waiting on this thread
   ReplyOutbox outbox;
   WorkerShared shared(health, &outbox);
   WorkerPort port;  // fed by this thread, from the controller's messages
@@ -247,6 +247,7 @@ void mpi_worker_loop() {
                        command->kind == Command::Kind::stop || !port.stream(command->stream);
       if (own) running = dispatcher.run(*port.control.pop());
     } catch (const std::exception& e) {
+      health.fail(worker_error(e.what()));  // a stream waiting for this thread's mesh gives up
       reply_error(shared, *command, worker_error(e.what()));
     }
   }
