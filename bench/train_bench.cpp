@@ -4,6 +4,8 @@
 // (tensor parallel + fully sharded), data parallel over 4 (DDP), tensor parallel over 4.
 // Ratios are of medians measured in the same run; on a machine with fewer cores than ranks the
 // ranks share cores, so the ratio shows overhead, not speedup.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
@@ -90,7 +92,7 @@ Result measure(int ranks, std::vector<int64_t> mesh_shape, const std::function<v
 }  // namespace
 
 // One setup by name, as bench/peers/run_peers.py asks for it (the same names as the peers'
-// scripts): "setup=<name> step_ms=<median>".
+// scripts): "setup=<name> step_ms=<median> ... peak_rss_mib=<all ranks>".
 int run_setup(const std::string& name) {
   const auto tp_and_fsdp = [](nn::TransformerLM& m) {
     nn::parallelize_module(m, "tp", nn::transformer_tp_plan());
@@ -106,7 +108,11 @@ int run_setup(const std::string& name) {
     std::fprintf(stderr, "unknown setup '%s' (1rank, dp4, tp4, dp2xtp2)\n", name.c_str());
     return 2;
   }
-  std::printf("setup=%s step_ms=%.2f collectives=%lld\n", name.c_str(), r.step_ms, static_cast<long long>(r.collectives));
+  // Peak resident memory of the process: every rank together (ranks are its threads).
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf("setup=%s step_ms=%.2f collectives=%lld peak_rss_mib=%.0f\n", name.c_str(), r.step_ms,
+              static_cast<long long>(r.collectives), static_cast<double>(usage.ru_maxrss) / 1024.0);
   return 0;
 }
 

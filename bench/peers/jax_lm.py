@@ -1,10 +1,11 @@
 """JAX peer of Tessera's train_bench: one training step of the same 2-layer LM, as one jit.
 
 python jax_lm.py --setup {1rank,dp4,tp4,dp2xtp2} --steps N --warmup W
-prints `setup=<name> step_ms=<median>` on stdout; everything else goes to stderr.
+prints `setup=<name> step_ms=<median> peak_rss_mib=<process>` on stdout; everything else goes to stderr.
 """
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -160,7 +161,8 @@ def main():
             times.append(elapsed * 1e3)
         if n in (0, total - 1):
             print(f"[jax {args.setup}] step {n} loss {float(loss):.4f}", file=sys.stderr)
-    print(f"setup={args.setup} step_ms={statistics.median(times):.2f}", flush=True)
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # one process: every device
+    print(f"setup={args.setup} step_ms={statistics.median(times):.2f} peak_rss_mib={peak_mib:.0f}", flush=True)
 
 
 if __name__ == "__main__":

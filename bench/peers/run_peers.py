@@ -42,13 +42,15 @@ def one_thread_env(threads=1):
 
 
 def run(cmd, threads=1):
-    """Runs one measurement; returns its step_ms, or None (with the reason on stderr)."""
+    """Runs one measurement; returns (step_ms, peak_rss_mib or None), or None (with the reason on
+    stderr)."""
     done = subprocess.run(cmd, env=one_thread_env(threads), capture_output=True, text=True, timeout=1800)
     match = re.search(r"step_ms=([0-9.]+)", done.stdout)
     if done.returncode != 0 or not match:
         sys.stderr.write(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}{done.stderr[-2000:]}\n")
         return None
-    return float(match.group(1))
+    rss = re.search(r"peak_rss_mib=([0-9.]+)", done.stdout)
+    return float(match.group(1)), float(rss.group(1)) if rss else None
 
 
 DISPATCH_OPS = ["add", "matmul", "softmax", "reshape"]
@@ -144,13 +146,17 @@ def main():
                                 str(args.steps), "--warmup", "2"],
     }
     times = {(system, s): [] for system in systems for s in setups}
+    memory = {(system, s): [] for system in systems for s in setups}
     for r in range(args.rounds):
         for s in setups:
             base, threads = split_setup(s)
             for system, command in systems.items():
-                ms = run(command(base), threads)
-                if ms is not None:
-                    times[(system, s)].append(ms)
+                result = run(command(base), threads)
+                ms = result[0] if result else None
+                if result is not None:
+                    times[(system, s)].append(result[0])
+                    if result[1] is not None:
+                        memory[(system, s)].append(result[1])
                 print(f"round {r + 1} {s:8s} {system:10s} {ms if ms is not None else 'failed'}", file=sys.stderr)
 
     def median(system, s):
@@ -166,6 +172,12 @@ def main():
         t, p, j = median("Tessera", s), median("PyTorch", s), median("JAX (jit)", s)
         print(f"{LABELS.get(s, s):24s} {t:9.1f} {p:9.1f} {j:9.1f} {p / t:15.2f}x {j / t:11.2f}x")
     print("\n(> 1x: Tessera is faster. 4-rank setups share this machine's cores.)")
+    print("\nPeak resident memory of all ranks together (MiB; Tessera's and JAX's ranks share one process,"
+          " PyTorch's are 4 processes, each with its own copy of the runtime):\n")
+    print(f"{'setup':24s} {'Tessera':>9s} {'PyTorch':>9s} {'JAX jit':>9s}")
+    for s in setups:
+        row = [statistics.median(memory[(system, s)]) if memory[(system, s)] else float("nan") for system in systems]
+        print(f"{LABELS.get(s, s):24s} {row[0]:9.0f} {row[1]:9.0f} {row[2]:9.0f}")
     if args.dispatch:
         dispatch_table(args)
 

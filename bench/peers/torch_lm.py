@@ -1,11 +1,12 @@
 """PyTorch peer of Tessera's train_bench: one training step of the same 2-layer LM.
 
 python torch_lm.py --setup {1rank,dp4,tp4,dp2xtp2} --steps N --warmup W
-prints `setup=<name> step_ms=<median>` on stdout; everything else goes to stderr.
+prints `setup=<name> step_ms=<median> peak_rss_mib=<all ranks>` on stdout; everything else goes to stderr.
 """
 import argparse
 import math
 import os
+import resource
 import socket
 import statistics
 import sys
@@ -182,8 +183,12 @@ def worker(rank, setup, steps, warmup, world, port):
         if rank == 0 and step in (0, warmup + steps - 1):
             value = loss.full_tensor() if hasattr(loss, "full_tensor") else loss
             print(f"[torch {setup}] step {step} loss {value.item():.4f}", file=sys.stderr)
+    # Peak resident memory of all ranks together (each rank is a process): MiB.
+    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.float64)
+    if world > 1:
+        dist.all_reduce(rss)
     if rank == 0:
-        print(f"setup={setup} step_ms={statistics.median(times):.2f}", flush=True)
+        print(f"setup={setup} step_ms={statistics.median(times):.2f} peak_rss_mib={rss.item():.0f}", flush=True)
     if world > 1:
         dist.destroy_process_group()
 
