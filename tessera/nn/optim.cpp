@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
-#include <utility>
 #include <vector>
 
 #include <tessera/grad/engine.hpp>
@@ -113,39 +112,35 @@ void reduce_gradients_(const std::vector<DTensor*>& params, int64_t bucket_bytes
 
 double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm) {
   autograd::NoGradGuard no_grad;
-  reduce_gradients_(params);
+  reduce_gradients_(params);  // no gradient is Partial after this
   // Per mesh, one all_reduce over the mesh dims that shard some gradient: each rank sums the
   // squares of the blocks it owns, one replica of each block counting (coordinate 0 of those
   // dims where the block is replicated). Over the other dims every rank holds the same total.
   struct Group {
     DeviceMesh mesh;
-    std::vector<std::pair<DTensor, Placements>> grads;  // reduced (no Partial), placements
-    std::vector<bool> sharded;                          // per mesh dim
+    std::vector<DTensor> grads;
+    std::vector<bool> sharded;  // per mesh dim
   };
   std::vector<Group> groups;
   for (DTensor* p : params) {
-    DTensor g = p->grad();
+    const DTensor g = p->grad();
     if (!g.defined() || !g.device_mesh().is_member()) continue;
-    Placements reduced = g.placements();
-    bool partial = false;
-    for (Placement& placement : reduced)
-      if (is_partial(placement)) placement = Replicate{}, partial = true;
-    if (partial) g = g.redistribute(g.device_mesh(), reduced);
     auto it = std::find_if(groups.begin(), groups.end(),
                            [&](const Group& group) { return group.mesh.spec() == g.device_mesh().spec(); });
     if (it == groups.end())
-      it = groups.insert(groups.end(), Group{g.device_mesh(), {}, std::vector<bool>(reduced.size(), false)});
-    for (size_t d = 0; d < reduced.size(); ++d) it->sharded[d] = it->sharded[d] || !is_replicate(reduced[d]);
-    it->grads.emplace_back(g, reduced);
+      it = groups.insert(groups.end(), Group{g.device_mesh(), {}, std::vector<bool>(g.placements().size(), false)});
+    for (size_t d = 0; d < g.placements().size(); ++d)
+      it->sharded[d] = it->sharded[d] || !is_replicate(g.placements()[d]);
+    it->grads.push_back(g);
   }
   double total_sq = 0;
   for (const Group& group : groups) {
     const std::vector<int64_t> coordinate = group.mesh.coordinate();
     double squares = 0;
-    for (const auto& [g, placements] : group.grads) {
+    for (const DTensor& g : group.grads) {
       bool owner = true;
-      for (size_t d = 0; d < placements.size(); ++d)
-        owner = owner && !(group.sharded[d] && is_replicate(placements[d]) && coordinate[d] != 0);
+      for (size_t d = 0; d < g.placements().size(); ++d)
+        owner = owner && !(group.sharded[d] && is_replicate(g.placements()[d]) && coordinate[d] != 0);
       if (owner) squares += sum_of_squares(g.to_local());
     }
     std::vector<int64_t> dims;

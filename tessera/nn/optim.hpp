@@ -1,7 +1,8 @@
 #pragma once
 // Optimizers over DTensor parameters: every update is elementwise on the parameter's own layout,
-// so each rank updates its shard locally (no communication). Gradient clipping by the global
-// norm reduces one scalar per parameter. A learning-rate schedule with linear warmup and cosine decay.
+// so each rank updates its shard locally (no communication; AdamW in one pass per parameter).
+// Gradient clipping by the global norm reduces one scalar per mesh. A learning-rate schedule with
+// linear warmup and cosine decay.
 #include <vector>
 
 #include <tessera/core/export.hpp>
