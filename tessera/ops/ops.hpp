@@ -4,6 +4,8 @@
 #include <tessera/ops/conv.hpp>
 #include <tessera/ops/einsum.hpp>
 #include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/fused_backward.hpp>
+#include <tessera/ops/fused_optim.hpp>
 #include <tessera/ops/indexing.hpp>
 #include <tessera/ops/linalg.hpp>
 #include <tessera/ops/nn.hpp>
