@@ -118,33 +118,30 @@ inline constexpr int kCommandLengthTag = 1 << 27;
 inline constexpr int kCommandTag = (1 << 27) + 1;
 inline int reply_tag(uint64_t request) { return (1 << 27) + 2 + static_cast<int>(request % (1u << 26)); }
 
-/// A queue between two threads: one pushes, the other pops in order.
-template <class T>
-class BlockingQueue {
+/// A queue of commands: the controller (or a worker's receiving thread) pushes, a worker's
+/// thread pops in order.
+class CommandQueue {
  public:
-  void push(T item) {
+  void push(std::shared_ptr<const Command> command) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      items_.push_back(std::move(item));
+      commands_.push_back(std::move(command));
     }
     cv_.notify_one();
   }
-  T pop() {
+  std::shared_ptr<const Command> pop() {
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return !items_.empty(); });
-    T item = std::move(items_.front());
-    items_.pop_front();
-    return item;
+    cv_.wait(lock, [&] { return !commands_.empty(); });
+    auto command = std::move(commands_.front());
+    commands_.pop_front();
+    return command;
   }
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<T> items_;
+  std::deque<std::shared_ptr<const Command>> commands_;
 };
-/// A queue of commands: the controller (or a worker's receiving thread) pushes, a worker's
-/// thread pops in order.
-using CommandQueue = BlockingQueue<std::shared_ptr<const Command>>;
 
 /// A stream's copies of the meshes, handed from the worker's own thread (which makes them:
 /// collective) to the stream's thread (which waits for each where its commands need it).
@@ -167,7 +164,8 @@ class MeshHandoff {
 class WorkerPort {
  public:
   WorkerPort();
-  void route(std::shared_ptr<const Command> command);
+  /// Queues `command` where it runs; true when that is `control` (the worker's own thread).
+  bool route(std::shared_ptr<const Command> command);
   /// The queue of stream `id` (made by route(make_stream)), or null.
   std::shared_ptr<CommandQueue> stream(int64_t id);
 

@@ -95,33 +95,39 @@ std::shared_ptr<CommandQueue> WorkerPort::stream(int64_t id) {
   return it == streams_.end() ? nullptr : it->second;
 }
 
-void WorkerPort::route(std::shared_ptr<const Command> command) {
+bool WorkerPort::route(std::shared_ptr<const Command> command) {
   std::lock_guard<std::mutex> lock(mutex_);
   switch (command->kind) {
     case Command::Kind::make_mesh:
-    case Command::Kind::slice_mesh:
+    case Command::Kind::slice_mesh: {
       // The worker's thread builds a mesh (collective) and hands each stream a copy; a slice
       // each stream cuts from its own copy.
-      if (command->kind == Command::Kind::make_mesh) control.push(command);
+      const bool built_here = command->kind == Command::Kind::make_mesh;
+      if (built_here) control.push(command);
       meshes_.push_back(command);
       for (auto& [id, queue] : streams_) queue->push(command);
-      return;
+      return built_here;
+    }
     case Command::Kind::make_stream: {
       auto queue = std::make_shared<CommandQueue>();
       for (const auto& mesh : meshes_) queue->push(mesh);
       streams_.insert_or_assign(command->stream, std::move(queue));
       control.push(std::move(command));
-      return;
+      return true;
     }
     case Command::Kind::stop:
       for (auto& [id, queue] : streams_) queue->push(command);
       control.push(std::move(command));
-      return;
+      return true;
     default: {
       const auto it = streams_.find(command->stream);
       // Unknown streams cannot come from the controller; the worker's thread answers them.
-      if (it == streams_.end()) return control.push(std::move(command));
+      if (it == streams_.end()) {
+        control.push(std::move(command));
+        return true;
+      }
       it->second->push(std::move(command));
+      return false;
     }
   }
 }
@@ -241,11 +247,8 @@ void mpi_worker_loop() {
     comm.recv(words.data(), length, DType::i64, 0, kCommandTag);
     auto command = std::make_shared<const Command>(decode_command(words));
     try {
-      port.route(command);
       // What went to this thread's own queue runs now.
-      const bool own = command->kind == Command::Kind::make_mesh || command->kind == Command::Kind::make_stream ||
-                       command->kind == Command::Kind::stop || !port.stream(command->stream);
-      if (own) running = dispatcher.run(*port.control.pop());
+      if (port.route(command)) running = dispatcher.run(*port.control.pop());
     } catch (const std::exception& e) {
       health.fail(worker_error(e.what()));  // a stream waiting for this thread's mesh gives up
       reply_error(shared, *command, worker_error(e.what()));
