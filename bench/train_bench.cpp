@@ -89,6 +89,12 @@ Result measure(int ranks, std::vector<int64_t> mesh_shape, const std::function<v
   return result;
 }
 
+// FSDP2's idiom: one unit per block, then the root for the embeddings, final norm and head.
+void fsdp_per_block(nn::TransformerLM& m) {
+  for (int64_t i = 0; i < m.config().layers; ++i) nn::fully_shard(m.submodule("blocks." + std::to_string(i)), "dp");
+  nn::fully_shard(m, "dp");
+}
+
 }  // namespace
 
 // One setup by name, as bench/peers/run_peers.py asks for it (the same names as the peers'
@@ -96,7 +102,7 @@ Result measure(int ranks, std::vector<int64_t> mesh_shape, const std::function<v
 int run_setup(const std::string& name) {
   const auto tp_and_fsdp = [](nn::TransformerLM& m) {
     nn::parallelize_module(m, "tp", nn::transformer_tp_plan());
-    nn::fully_shard(m, "dp");
+    fsdp_per_block(m);
   };
   const auto tp = [](nn::TransformerLM& m) { nn::parallelize_module(m, "tp", nn::transformer_tp_plan()); };
   Result r;
@@ -143,7 +149,7 @@ int main(int argc, char** argv) {
       {"4 ranks dp2 x tp2 (fsdp+tp)", measure(4, {2, 2},
                                               [](nn::TransformerLM& m) {
                                                 nn::parallelize_module(m, "tp", nn::transformer_tp_plan());
-                                                nn::fully_shard(m, "dp");
+                                                fsdp_per_block(m);
                                               },
                                               {Shard{0}, Replicate{}})},
       {"4 ranks dp4 (ddp)", measure(4, {4, 1}, [](nn::TransformerLM&) {}, {Shard{0}, Replicate{}})},

@@ -40,6 +40,8 @@ struct Deferred {
     Layout target;
   };
   std::vector<Leaf> leaves;
+  // The foreach_all_gather whose gradients backward is delivering (detail::gradients_of_group_arriving).
+  const void* arriving_group = nullptr;
 };
 
 Deferred& deferred() {
@@ -60,21 +62,37 @@ void reduce_deferred() {
   std::vector<std::shared_ptr<autograd::Meta>> metas;
   std::vector<const Deferred::Leaf*> owners;
   std::vector<DTensor> grads;
+  std::vector<Layout> targets;
   for (const Deferred::Leaf& leaf : leaves) {
     std::shared_ptr<autograd::Meta> meta = leaf.meta.lock();
     if (!meta || !meta->grad.has_value()) continue;
     grads.push_back(std::any_cast<const DTensor&>(meta->grad));
+    targets.push_back(leaf.target);
     metas.push_back(std::move(meta));
     owners.push_back(&leaf);
   }
-  const std::vector<DTensor> reduced = reduce_partials(grads);
-  for (size_t i = 0; i < metas.size(); ++i) {
-    const Deferred::Leaf& leaf = *owners[i];
-    metas[i]->grad = reduced[i].layout() == leaf.target ? reduced[i] : reduced[i].redistribute(leaf.mesh, leaf.target);
-  }
+  // FSDP's gradients (Partial, their leaf sharded over the same mesh dim) are reduce-scattered.
+  const std::vector<DTensor> reduced = reduce_partials(grads, targets);
+  for (size_t i = 0; i < metas.size(); ++i) metas[i]->grad = reduced[i];
 }
 
 }  // namespace
+
+namespace detail {
+
+// Backward runs the nodes of one foreach_all_gather together, after every node created later (the
+// unit's compute): when the first node of another call runs, the gradients deferred so far are
+// complete, and are reduced now rather than at the end (FSDP's reduce_scatter per unit, which
+// keeps one unit's full gradients alive at a time). NoSync keeps them all until it closes.
+void gradients_of_group_arriving(const void* group) {
+  if (!in_rank()) return;
+  Deferred& state = deferred();
+  if (state.depth > 0 || state.backward_depth == 0 || state.arriving_group == group) return;
+  state.arriving_group = group;
+  reduce_deferred();
+}
+
+}  // namespace detail
 
 NoSync::NoSync() { ++deferred().depth; }
 
@@ -170,10 +188,16 @@ void DTensor::backward(const DTensor& grad) const {
   try {
     autograd::run_backward(autograd_, std::any(grad));
   } catch (...) {
-    if (--state.backward_depth == 0 && state.depth == 0) state.leaves.clear();
+    if (--state.backward_depth == 0) {
+      state.arriving_group = nullptr;
+      if (state.depth == 0) state.leaves.clear();
+    }
     throw;
   }
-  if (--state.backward_depth == 0 && state.depth == 0) reduce_deferred();
+  if (--state.backward_depth == 0) {
+    state.arriving_group = nullptr;
+    if (state.depth == 0) reduce_deferred();
+  }
 }
 
 DTensor DTensor::detach() const {

@@ -164,6 +164,41 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
 /// with two reduce ops goes through redistribute. Collective: every rank of each mesh passes the
 /// same tensors in the same order.
 std::vector<DTensor> reduce_partials(const std::vector<DTensor>& tensors, int64_t bucket_bytes = int64_t{25} << 20);
+/// reduce_partials into given layouts: each tensor comes back in targets[i] (its own layout with
+/// the Partial dims reduced, then any move to the target). A tensor Partial over one mesh dim
+/// whose target is Shard(0) there (split after the target's other splits of dim 0: FSDP's
+/// gradient) travels in a bucket of one flat reduce_scatter, and comes back as a view of it; the
+/// rest as above. Collective, like reduce_partials.
+std::vector<DTensor> reduce_partials(const std::vector<DTensor>& tensors, const std::vector<Layout>& targets,
+                                     int64_t bucket_bytes = int64_t{25} << 20);
+
+/// FSDP2's foreach_all_gather: each tensor moved to targets[i], with the value and gradient of
+/// redistribute. The tensors that are Shard(0) on one mesh dim where their target is Replicate
+/// (split last there; everything else equal) travel in one flat all_gather per (mesh dim,
+/// dtype), instead of one each; any other move goes through the planner. Backward: a leaf's
+/// gradient reaches it Partial, and during DTensor::backward the gradients of one call's tensors
+/// are reduce-scattered together (reduce_partials with targets) once backward has passed them,
+/// one bucket per call: FSDP's per-unit reduce_scatter. Collective: every rank of the mesh passes
+/// the same tensors in the same order.
+std::vector<DTensor> foreach_all_gather(const std::vector<DTensor>& tensors, const std::vector<Layout>& targets);
+
+/// foreach_all_gather with its all_gathers left in flight (FSDP's prefetch of the next unit): the
+/// tensors are packed at once, so later writes to them do not change the result. wait() returns
+/// what foreach_all_gather would (the same vector on every later call), recording autograd if it
+/// was on at the call. Copyable; all copies share one operation; a handle dropped unwaited lets the
+/// collectives finish first. Collective, like foreach_all_gather.
+class PendingGather {
+ public:
+  PendingGather() = default;
+  std::vector<DTensor> wait() const;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  friend PendingGather foreach_all_gather_async(const std::vector<DTensor>&, const std::vector<Layout>&);
+  struct State;
+  std::shared_ptr<State> state_;
+};
+PendingGather foreach_all_gather_async(const std::vector<DTensor>& tensors, const std::vector<Layout>& targets);
 
 /// The fused backward kernels (ops/fused_backward.hpp) on each rank's block: gelu_backward with
 /// grad brought to x's layout (Partial reduced first); norm_backward where every block holds

@@ -5,6 +5,7 @@
 
 #include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/nn/detail/fsdp_unit.hpp>
 
 namespace tessera::nn {
 
@@ -85,6 +86,7 @@ void Module::load_state_dict(const std::map<std::string, DTensor>& state) {
                   "' has shape ", it->second.shape().to_string(), "; the parameter has ", p->shape().to_string());
   }
   autograd::NoGradGuard no_grad;
+  detail::parameters_written();
   for (auto& [name, p] : params) {
     const DTensor& given = state.at(name);
     const DTensor source = given.detach().redistribute(mesh_, p->layout().with_dtype(given.dtype()));
@@ -122,6 +124,7 @@ void Module::set_parameter_layout(const std::string& name, const Layout& layout)
   DTensor moved_value = s.value.detach().redistribute(mesh_, layout);
   moved_value.requires_grad_();
   s.value = moved_value;
+  detail::parameters_written();
 }
 
 void Module::set_compute_layout(const std::string& name, const Layout& layout) { slot(name).compute = layout; }
@@ -138,6 +141,7 @@ void Module::set_output_placement(int64_t mesh_dim, Placement placement) {
 
 DTensor Module::use(const std::string& name) const {
   const Slot& s = slot(name);
+  if (s.unit) return s.unit->take(s.unit_index);
   if (!s.compute || *s.compute == s.value.layout()) return s.value;
   return s.value.redistribute(mesh_, *s.compute);
 }

@@ -17,6 +17,10 @@
 namespace tessera TESSERA_API {
 namespace nn {
 
+namespace detail {
+class FsdpUnit;
+}
+
 class Module {
  public:
   explicit Module(DeviceMesh mesh) : mesh_(std::move(mesh)) {}
@@ -75,7 +79,11 @@ class Module {
     std::string name;
     DTensor value;
     std::optional<Layout> compute;
+    std::shared_ptr<detail::FsdpUnit> unit;  // set by fully_shard: gathered with the unit's other parameters
+    size_t unit_index = 0;
   };
+  friend void fully_shard(Module& module, const std::string& axis);
+  friend void reshard(Module& module);
   Slot& slot(const std::string& name);
   const Slot& slot(const std::string& name) const;
 

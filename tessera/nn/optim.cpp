@@ -9,6 +9,7 @@
 
 #include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/nn/detail/fsdp_unit.hpp>
 #include <tessera/ops/fused_optim.hpp>
 
 namespace tessera::nn {
@@ -42,6 +43,7 @@ SGD::SGD(std::vector<DTensor*> params, double lr, double momentum, double weight
 
 void SGD::step() {
   autograd::NoGradGuard no_grad;
+  detail::parameters_written();
   reduce_gradients_(params_);
   for (size_t i = 0; i < params_.size(); ++i) {
     DTensor& p = *params_[i];
@@ -68,6 +70,7 @@ AdamW::AdamW(std::vector<DTensor*> params, double lr, double beta1, double beta2
 
 void AdamW::step() {
   autograd::NoGradGuard no_grad;
+  detail::parameters_written();
   reduce_gradients_(params_);  // data-parallel sums in buckets (a no-op after clip_grad_norm_)
   ++steps_;
   AdamWStep hyper{lr_, beta1_, beta2_, eps_, weight_decay_, 1 - std::pow(beta1_, static_cast<double>(steps_)),
@@ -101,12 +104,16 @@ void reduce_gradients_(const std::vector<DTensor*>& params, int64_t bucket_bytes
   autograd::NoGradGuard no_grad;
   std::vector<DTensor*> partial;
   std::vector<DTensor> grads;
+  std::vector<Layout> targets;  // the parameters' layouts: FSDP's gradients are reduce-scattered
   for (DTensor* p : params) {
     const DTensor g = p->grad();
-    if (g.defined() && g.layout().has_partial()) partial.push_back(p), grads.push_back(g);
+    if (!g.defined() || !g.layout().has_partial()) continue;
+    partial.push_back(p);
+    grads.push_back(g);
+    targets.push_back(gradient_layout(p->layout()).with_dtype(g.dtype()));
   }
   if (partial.empty()) return;
-  const std::vector<DTensor> reduced = reduce_partials(grads, bucket_bytes);
+  const std::vector<DTensor> reduced = reduce_partials(grads, targets, bucket_bytes);
   for (size_t i = 0; i < partial.size(); ++i) partial[i]->set_grad(reduced[i]);
 }
 

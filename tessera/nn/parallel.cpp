@@ -3,6 +3,7 @@
 
 #include <sstream>
 
+#include <tessera/nn/detail/fsdp_unit.hpp>
 #include <tessera/nn/layers.hpp>
 
 namespace tessera::nn {
@@ -113,9 +114,12 @@ std::map<std::string, ParallelStyle> transformer_tp_plan(bool sequence_parallel)
 
 void fully_shard(Module& module, const std::string& axis) {
   const int64_t m = axis_index(module.mesh(), axis);
+  auto unit = std::make_shared<detail::FsdpUnit>();
   for (const auto& [path, sub] : module.named_modules()) {
-    for (const std::string& name : sub->parameter_names()) {
-      const DTensor& value = sub->parameter(name);
+    for (const auto& slot : sub->params_) {
+      if (slot->unit) continue;  // an inner fully_shard took it: its unit gathers it
+      const std::string& name = slot->name;
+      const DTensor& value = slot->value;
       TESSERA_CHECK(is_replicate(value.placements()[static_cast<size_t>(m)]), ValueError, "fully_shard", "parameter ",
                     path.empty() ? name : path + "." + name, " is ", value.layout().to_string(),
                     "; expected Replicate on axis '", axis, "'");
@@ -128,8 +132,16 @@ void fully_shard(Module& module, const std::string& axis) {
       const Layout storage(compute.global_shape(), compute.dtype(), compute.mesh(), placements, ShardOrder{{0, order}});
       sub->set_parameter_layout(name, storage);
       sub->set_compute_layout(name, compute);
+      slot->unit = unit;
+      slot->unit_index = unit->add(&slot->value, compute);
     }
   }
+}
+
+void reshard(Module& module) {
+  for (const auto& [path, sub] : module.named_modules())
+    for (const auto& slot : sub->params_)
+      if (slot->unit) slot->unit->reshard();
 }
 
 }  // namespace tessera::nn

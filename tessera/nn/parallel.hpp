@@ -46,10 +46,21 @@ void parallelize_module(Module& module, const std::string& axis, const std::map<
 /// shards (Shard(1)) and the row-parallel outputs are reduce-scattered onto them.
 std::map<std::string, ParallelStyle> transformer_tp_plan(bool sequence_parallel = false);
 
-/// FSDP-style sharding over mesh axis `axis`: every parameter is stored Shard(0) on it (nested
+/// FSDP2's fully_shard over mesh axis `axis`: the parameters of `module` and its submodules that
+/// no earlier fully_shard call took become one unit. Each is stored Shard(0) on the axis (nested
 /// inside any tensor-parallel split of dim 0, so that the all-gather over `axis` alone rebuilds the
-/// tensor-parallel piece), all-gathered for compute in forward, and its gradient reduce-scattered.
+/// tensor-parallel piece). When forward first uses one of a unit's parameters, the whole unit is
+/// all-gathered in one collective (foreach_all_gather); in backward its gradients are
+/// reduce-scattered together, in one collective, as soon as backward has passed the unit. As
+/// with FSDP2, call it on each block, then on the root for what remains:
+/// `for (block : blocks) fully_shard(block, "dp"); fully_shard(model, "dp");`.
+/// Gathered values serve one forward. After writing a parameter's storage by hand (not through an
+/// optimizer, load_state_dict or set_parameter_layout), call reshard(module).
 void fully_shard(Module& module, const std::string& axis);
+
+/// FSDP2's reshard: drops the gathered parameters of every unit in `module` (the next forward
+/// gathers them again). Local; no communication.
+void reshard(Module& module);
 
 }  // namespace nn
 }  // namespace tessera
