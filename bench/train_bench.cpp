@@ -53,6 +53,7 @@ struct Result {
   double step_ms = 0;
   double comm_share = 0;
   int64_t collectives = 0;
+  double peak_mib_per_rank = 0;  // tensor memory (memory_stats), the largest rank's peak over the steps
 };
 
 // Median step time (ms) and communication share over kSteps steps after kWarmup, on rank 0.
@@ -70,6 +71,7 @@ Result measure(int ranks, std::vector<int64_t> mesh_shape, const std::function<v
     std::vector<double> times, shares;
     int64_t collectives = 0;
     for (int step = 0; step < kWarmup + kSteps; ++step) {
+      if (step == kWarmup) reset_peak_memory_stats();
       world().barrier();
       CommDebugMode comm;
       const auto start = std::chrono::steady_clock::now();
@@ -83,8 +85,10 @@ Result measure(int ranks, std::vector<int64_t> mesh_shape, const std::function<v
       shares.push_back(comm.total_seconds() / seconds);
       collectives = comm.total_count();
     }
+    double peak = static_cast<double>(memory_stats().peak_allocated_bytes);
+    world().all_reduce(&peak, 1, DType::f64, ReduceOp::max);
     if (rank() != 0) return;
-    result = {bench_util::median(times), bench_util::median(shares), collectives};
+    result = {bench_util::median(times), bench_util::median(shares), collectives, peak / (1 << 20)};
   });
   return result;
 }
@@ -117,8 +121,9 @@ int run_setup(const std::string& name) {
   // Peak resident memory of the process: every rank together (ranks are its threads).
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
-  std::printf("setup=%s step_ms=%.2f collectives=%lld peak_rss_mib=%.0f\n", name.c_str(), r.step_ms,
-              static_cast<long long>(r.collectives), static_cast<double>(usage.ru_maxrss) / 1024.0);
+  std::printf("setup=%s step_ms=%.2f collectives=%lld peak_rss_mib=%.0f peak_tensor_mib_per_rank=%.1f\n", name.c_str(),
+              r.step_ms, static_cast<long long>(r.collectives), static_cast<double>(usage.ru_maxrss) / 1024.0,
+              r.peak_mib_per_rank);
   return 0;
 }
 
@@ -156,10 +161,12 @@ int main(int argc, char** argv) {
       {"4 ranks tp4", measure(4, {1, 4}, [](nn::TransformerLM& m) { nn::parallelize_module(m, "tp", nn::transformer_tp_plan()); },
                               {Replicate{}, Replicate{}})},
   };
-  std::printf("%-30s %10s %14s %12s %12s\n", "setup", "step ms", "vs 1 rank", "comm share", "collectives");
+  std::printf("%-30s %10s %14s %12s %12s %14s\n", "setup", "step ms", "vs 1 rank", "comm share", "collectives",
+              "MiB per rank");
   for (const auto& row : rows)
-    std::printf("%-30s %10.1f %13.2fx %11.1f%% %12lld\n", row.name, row.r.step_ms, row.r.step_ms / one.step_ms,
-                100 * row.r.comm_share, static_cast<long long>(row.r.collectives));
+    std::printf("%-30s %10.1f %13.2fx %11.1f%% %12lld %14.1f\n", row.name, row.r.step_ms, row.r.step_ms / one.step_ms,
+                100 * row.r.comm_share, static_cast<long long>(row.r.collectives), row.r.peak_mib_per_rank);
+  std::printf("(MiB per rank: the largest rank's peak of live tensor memory during the steps, memory_stats)\n");
   std::printf("(4 ranks are threads sharing this machine's %u cores: with fewer cores than ranks, a ratio above\n"
               " 1/4 is partly core sharing, not only communication)\n",
               std::thread::hardware_concurrency());

@@ -42,15 +42,17 @@ def one_thread_env(threads=1):
 
 
 def run(cmd, threads=1):
-    """Runs one measurement; returns (step_ms, peak_rss_mib or None), or None (with the reason on
-    stderr)."""
+    """Runs one measurement; returns (step_ms, peak_rss_mib or None, peak tensor MiB per rank or
+    None), or None (with the reason on stderr)."""
     done = subprocess.run(cmd, env=one_thread_env(threads), capture_output=True, text=True, timeout=1800)
     match = re.search(r"step_ms=([0-9.]+)", done.stdout)
     if done.returncode != 0 or not match:
         sys.stderr.write(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout}{done.stderr[-2000:]}\n")
         return None
     rss = re.search(r"peak_rss_mib=([0-9.]+)", done.stdout)
-    return float(match.group(1)), float(rss.group(1)) if rss else None
+    per_rank = re.search(r"peak_tensor_mib_per_rank=([0-9.]+)", done.stdout)
+    return (float(match.group(1)), float(rss.group(1)) if rss else None,
+            float(per_rank.group(1)) if per_rank else None)
 
 
 DISPATCH_OPS = ["add", "matmul", "softmax", "reshape"]
@@ -147,6 +149,7 @@ def main():
     }
     times = {(system, s): [] for system in systems for s in setups}
     memory = {(system, s): [] for system in systems for s in setups}
+    per_rank = {s: [] for s in setups}  # Tessera's memory_stats: the largest rank's peak of live tensors
     for r in range(args.rounds):
         for s in setups:
             base, threads = split_setup(s)
@@ -157,6 +160,8 @@ def main():
                     times[(system, s)].append(result[0])
                     if result[1] is not None:
                         memory[(system, s)].append(result[1])
+                    if result[2] is not None:
+                        per_rank[s].append(result[2])
                 print(f"round {r + 1} {s:8s} {system:10s} {ms if ms is not None else 'failed'}", file=sys.stderr)
 
     def median(system, s):
@@ -178,6 +183,11 @@ def main():
     for s in setups:
         row = [statistics.median(memory[(system, s)]) if memory[(system, s)] else float("nan") for system in systems]
         print(f"{LABELS.get(s, s):24s} {row[0]:9.0f} {row[1]:9.0f} {row[2]:9.0f}")
+    print("\nTessera's tensor memory per rank (MiB; the largest rank's peak of live tensors during the steps,"
+          " memory_stats):\n")
+    for s in setups:
+        value = statistics.median(per_rank[s]) if per_rank[s] else float("nan")
+        print(f"{LABELS.get(s, s):24s} {value:9.1f}")
     if args.dispatch:
         dispatch_table(args)
 
