@@ -247,8 +247,12 @@ Layout gradient_layout(const Layout& layout);
 /// Partial (a sum still owed over the ranks that split the batch or the rows) stays Partial and
 /// accumulates locally; when the outermost scope ends, these gradients are reduced once into
 /// the leaves' gradient layouts, in buckets (reduce_partials), in the order the leaves first
-/// received one (the same on every rank). (Outside NoSync, backward() does the same when it
-/// returns: one bucketed reduction per backward, not one collective per parameter.) So n microbatches cost one gradient reduction, not n: microbatch() and
+/// received one (the same on every rank). (Outside NoSync, backward() reduces them as DDP does:
+/// once the waiting gradients fill a bucket, 1 MiB for the first and 25 MiB after, their
+/// collective is issued asynchronously while backward goes on, and the rest when it returns;
+/// the gradients of one foreach_all_gather call (an FSDP unit) go in flight as soon as backward
+/// has passed that unit. Every gradient has landed when backward returns.) So n microbatches
+/// cost one gradient reduction, not n: microbatch() and
 /// mpmd::Pipeline::step() open one. Inside the scope a leaf's grad() may be Partial. Per rank;
 /// every rank of a mesh opens and closes it alike. A scope left by an exception reduces nothing.
 class NoSync {

@@ -29,8 +29,8 @@ DTensor cast(const DTensor& x, DType dtype, const DeviceMesh& mesh) {
   return DTensor(x.to_local().to(dtype), mesh, x.layout().with_dtype(dtype));
 }
 
-// NoSync's state on this rank: its depth, and the leaves holding a deferred (Partial) gradient,
-// in the order their first gradient arrived (the same order on every rank).
+// The deferred (Partial) gradients of this rank: the leaves waiting for a bucket, in the order
+// their first gradient arrived (the same order on every rank), and the buckets in flight.
 struct Deferred {
   int depth = 0;           // open NoSync scopes
   int backward_depth = 0;  // running DTensor::backward calls
@@ -40,9 +40,26 @@ struct Deferred {
     Layout target;
   };
   std::vector<Leaf> leaves;
+  int64_t waiting_bytes = 0;  // global bytes of `leaves` (the same on every rank)
+  struct InFlight {
+    PendingReduction pending;
+    std::vector<std::shared_ptr<autograd::Meta>> metas;
+  };
+  std::vector<InFlight> in_flight;
+  bool launched = false;  // a bucket was launched in this backward (the first is smaller)
   // The foreach_all_gather whose gradients backward is delivering (detail::gradients_of_group_arriving).
   const void* arriving_group = nullptr;
+  void drop() {
+    leaves.clear();
+    in_flight.clear();  // their collectives land first (PendingReduction)
+    waiting_bytes = 0;
+    launched = false;
+  }
 };
+
+// DDP's bucket sizes: a small first bucket starts the overlap early, later ones are large.
+constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
+constexpr int64_t kBucketBytes = int64_t{25} << 20;
 
 Deferred& deferred() {
   std::shared_ptr<void>& slot = rank_state("tessera.dtensor.no_sync");
@@ -53,14 +70,14 @@ Deferred& deferred() {
 // Partial gradients wait (summed locally) while a backward runs or a NoSync scope is open.
 bool deferring() { return in_rank() && (deferred().depth > 0 || deferred().backward_depth > 0); }
 
-// The deferred leaves' gradients reduced in buckets (reduce_partials: one flat all_reduce per
-// group, as DDP's buckets), each then in its leaf's layout.
-void reduce_deferred() {
-  Deferred& state = deferred();
+// The waiting leaves' gradients go into buckets (reduce_partials_async: one flat all_reduce per
+// group, as DDP's buckets; FSDP's gradients, Partial with their leaf sharded over that dim, one
+// reduce_scatter), in flight until land().
+void launch(Deferred& state) {
   std::vector<Deferred::Leaf> leaves = std::move(state.leaves);
   state.leaves.clear();
-  std::vector<std::shared_ptr<autograd::Meta>> metas;
-  std::vector<const Deferred::Leaf*> owners;
+  state.waiting_bytes = 0;
+  Deferred::InFlight flight;
   std::vector<DTensor> grads;
   std::vector<Layout> targets;
   for (const Deferred::Leaf& leaf : leaves) {
@@ -68,12 +85,38 @@ void reduce_deferred() {
     if (!meta || !meta->grad.has_value()) continue;
     grads.push_back(std::any_cast<const DTensor&>(meta->grad));
     targets.push_back(leaf.target);
-    metas.push_back(std::move(meta));
-    owners.push_back(&leaf);
+    flight.metas.push_back(std::move(meta));
   }
-  // FSDP's gradients (Partial, their leaf sharded over the same mesh dim) are reduce-scattered.
-  const std::vector<DTensor> reduced = reduce_partials(grads, targets);
-  for (size_t i = 0; i < metas.size(); ++i) metas[i]->grad = reduced[i];
+  if (flight.metas.empty()) return;
+  flight.pending = reduce_partials_async(grads, targets, kBucketBytes);
+  state.in_flight.push_back(std::move(flight));
+  state.launched = true;
+}
+
+// Waits for the buckets in flight; each gradient lands in its leaf's layout.
+void land(Deferred& state) {
+  std::vector<Deferred::InFlight> flights = std::move(state.in_flight);
+  state.in_flight.clear();
+  for (const Deferred::InFlight& flight : flights) {
+    const std::vector<DTensor> reduced = flight.pending.wait();
+    for (size_t i = 0; i < flight.metas.size(); ++i) flight.metas[i]->grad = reduced[i];
+  }
+}
+
+// Everything deferred, reduced now.
+void reduce_deferred() {
+  Deferred& state = deferred();
+  launch(state);
+  land(state);
+  state.launched = false;
+}
+
+// A leaf's gradient arrives while its previous one is in flight: land that first (the new one is
+// then added to a reduced gradient).
+void land_if_in_flight(Deferred& state, const autograd::Meta& leaf) {
+  for (const Deferred::InFlight& flight : state.in_flight)
+    for (const auto& meta : flight.metas)
+      if (meta.get() == &leaf) return land(state);
 }
 
 }  // namespace
@@ -89,7 +132,10 @@ void gradients_of_group_arriving(const void* group) {
   Deferred& state = deferred();
   if (state.depth > 0 || state.backward_depth == 0 || state.arriving_group == group) return;
   state.arriving_group = group;
-  reduce_deferred();
+  // The previous unit's bucket lands; the one just completed goes in flight while this unit's
+  // backward runs (at most two units' full gradients alive).
+  land(state);
+  launch(state);
 }
 
 }  // namespace detail
@@ -101,7 +147,7 @@ NoSync::~NoSync() {
   if (--state.depth > 0 || state.backward_depth > 0) return;
   // Unwinding from an error: the ranks may be anywhere; reduce nothing.
   if (std::uncaught_exceptions() > 0) {
-    state.leaves.clear();
+    state.drop();
     return;
   }
   reduce_deferred();
@@ -125,14 +171,19 @@ DTensor& DTensor::requires_grad_(bool on) {
     // During a backward or under NoSync a Partial gradient stays Partial (summed locally;
     // reduced in buckets at the end).
     if (deferring() && grad.layout().has_partial()) {
+      Deferred& state = deferred();
+      land_if_in_flight(state, leaf);
       if (!leaf.grad.has_value()) {
-        deferred().leaves.push_back({self, mesh, target});
+        state.leaves.push_back({self, mesh, target});
+        state.waiting_bytes += grad.numel() * itemsize(grad.dtype());
       } else {
         const DTensor& previous = std::any_cast<const DTensor&>(leaf.grad);
         grad = previous.layout() == grad.layout() ? add(previous, grad)
                                                   : add(previous.redistribute(mesh, target), grad.redistribute(mesh, target));
       }
       leaf.grad = grad;
+      // DDP: a full bucket goes in flight while backward goes on (not under NoSync).
+      if (state.depth == 0 && state.waiting_bytes >= (state.launched ? kBucketBytes : kFirstBucketBytes)) launch(state);
       return;
     }
     grad = grad.redistribute(mesh, target);  // no-op when it is there already
@@ -190,7 +241,7 @@ void DTensor::backward(const DTensor& grad) const {
   } catch (...) {
     if (--state.backward_depth == 0) {
       state.arriving_group = nullptr;
-      if (state.depth == 0) state.leaves.clear();
+      if (state.depth == 0) state.drop();
     }
     throw;
   }

@@ -172,14 +172,32 @@ std::vector<DTensor> reduce_partials(const std::vector<DTensor>& tensors, int64_
 std::vector<DTensor> reduce_partials(const std::vector<DTensor>& tensors, const std::vector<Layout>& targets,
                                      int64_t bucket_bytes = int64_t{25} << 20);
 
+/// reduce_partials into targets with every bucket's collective left in flight (DDP's overlap of
+/// gradient reduction with backward): the tensors are packed at the call. wait() returns what
+/// reduce_partials would (the same vector on every later call). Copyable; all copies share one
+/// operation; a handle dropped unwaited lets the collectives finish first. Collective.
+class PendingReduction {
+ public:
+  PendingReduction() = default;
+  std::vector<DTensor> wait() const;
+  bool valid() const { return state_ != nullptr; }
+  struct State;
+
+ private:
+  friend PendingReduction reduce_partials_async(const std::vector<DTensor>&, const std::vector<Layout>&, int64_t);
+  std::shared_ptr<State> state_;
+};
+PendingReduction reduce_partials_async(const std::vector<DTensor>& tensors, const std::vector<Layout>& targets,
+                                       int64_t bucket_bytes = int64_t{25} << 20);
+
 /// FSDP2's foreach_all_gather: each tensor moved to targets[i], with the value and gradient of
 /// redistribute. The tensors that are Shard(0) on one mesh dim where their target is Replicate
 /// (split last there; everything else equal) travel in one flat all_gather per (mesh dim,
 /// dtype), instead of one each; any other move goes through the planner. Backward: a leaf's
 /// gradient reaches it Partial, and during DTensor::backward the gradients of one call's tensors
-/// are reduce-scattered together (reduce_partials with targets) once backward has passed them,
-/// one bucket per call: FSDP's per-unit reduce_scatter. Collective: every rank of the mesh passes
-/// the same tensors in the same order.
+/// are reduce-scattered together (reduce_partials_async with targets) once backward has passed
+/// them, one bucket per call in flight while backward goes on: FSDP's per-unit reduce_scatter.
+/// Collective: every rank of the mesh passes the same tensors in the same order.
 std::vector<DTensor> foreach_all_gather(const std::vector<DTensor>& tensors, const std::vector<Layout>& targets);
 
 /// foreach_all_gather with its all_gathers left in flight (FSDP's prefetch of the next unit): the

@@ -184,6 +184,15 @@ TEST(ForeachAllGather, ReducePartialsIntoTargetsScattersFsdpGradients) {
     }
     EXPECT_TRUE(throws_with<ValueError>([&] { reduce_partials(in, {rep_c}); },
                                         {"[reduce_partials]", "3 tensors", "1 target"}));
+    // In flight: the same results once waited for; the inputs were packed at the call.
+    const PendingReduction pending = reduce_partials_async(in, targets);
+    for (const DTensor& t : in) {
+      Tensor local = t.to_local();
+      local.fill_(0.0);
+    }
+    const std::vector<DTensor> later = pending.wait();
+    for (size_t i = 0; i < later.size(); ++i) EXPECT_TRUE(allclose(later[i].full_tensor(), want[i], 1e-12, 1e-12)) << i;
+    EXPECT_TRUE(throws_with<ValueError>([] { PendingReduction().wait(); }, {"[PendingReduction::wait]"}));
   });
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <tessera/debug/comm_debug_mode.hpp>
+#include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/ops.hpp>
 
@@ -90,5 +91,47 @@ TEST(ReducePartials, BackwardReducesDataParallelGradientsInOneBucket) {
     EXPECT_EQ(p1.grad().placements(), (Placements{Replicate{}}));
     EXPECT_TRUE(allclose(p1.grad().full_tensor(), want1, 1e-12, 1e-12));
     EXPECT_TRUE(allclose(p2.grad().full_tensor(), want2, 1e-12, 1e-12));
+  });
+}
+
+// DDP's overlap: once the gradients waiting reach the first bucket's size (1 MiB), their
+// all_reduce is issued while backward goes on (a node that runs later sees it issued); the rest
+// follow when backward returns. A gradient arriving for a leaf whose bucket is in flight is added
+// after it lands. The results equal the single-device gradients.
+TEST(ReducePartials, BackwardIssuesAFullBucketWhileItRuns) {
+  const Tensor x = wave({8, 16}, 0.5), small = wave({16, 512}, 0.6), big = mul(wave({512, 256}, 0.7), Scalar(0.05));
+  Tensor want_small, want_big;
+  {
+    Tensor s = small.clone(), b = big.clone();
+    s.requires_grad_(), b.requires_grad_();
+    const Tensor a = tanh(matmul(x, s));
+    add(sum(tanh(matmul(a, b))), sum(matmul(mul(a, Scalar(0.5)), b))).backward();
+    want_small = s.grad(), want_big = b.grad();
+  }
+  for_each_world({2, 3}, [&] {
+    const DeviceMesh mesh({world_size()}, {"dp"});
+    DTensor s = distribute_tensor(small, mesh, {Replicate{}}), b = distribute_tensor(big, mesh, {Replicate{}});
+    s.requires_grad_(), b.requires_grad_();
+    const DTensor xs = distribute_tensor(x, mesh, {Shard{0}});
+    CommDebugMode mode;
+    int64_t issued_before_probe = -1;
+    const DTensor a = tanh(matmul(xs, s));
+    DTensor probed = a.detach();
+    autograd::record<DTensor>("probe", probed, {&a}, [&](const DTensor& g) {
+      issued_before_probe = mode.count(CollectiveKind::all_reduce);
+      return std::vector<DTensor>{g};
+    });
+    // b's second use is created first, so its gradient reaches b after the first is in flight.
+    const DTensor second = sum(matmul(mul(probed, Scalar(0.5)), b));
+    const DTensor loss = add(sum(tanh(matmul(probed, b))), second);
+    mode.reset();
+    loss.backward();
+    // b's bucket (1 MiB) went in flight with its first gradient; the second landed it and was
+    // reduced on its own; both before backward reached a. s's bucket follows at the end.
+    EXPECT_EQ(issued_before_probe, 2);
+    EXPECT_EQ(mode.count(CollectiveKind::all_reduce), 3) << mode.to_string();
+    EXPECT_EQ(b.grad().placements(), (Placements{Replicate{}}));
+    EXPECT_TRUE(allclose(s.grad().full_tensor(), want_small, 1e-10, 1e-12));
+    EXPECT_TRUE(allclose(b.grad().full_tensor(), want_big, 1e-10, 1e-12));
   });
 }
