@@ -258,7 +258,11 @@ DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t igno
     case Reduction::sum: return sum(kept);
     case Reduction::mean: break;
   }
-  return div(sum(kept), sum(valid));
+  // The count reduced once here: div's backward then divides by a replicated count instead of
+  // reducing the Partial one again.
+  const DTensor count = sum(valid);
+  return div(sum(kept), count.layout().has_partial() ? count.redistribute(count.device_mesh(), gradient_layout(count.layout()))
+                                                    : count);
 }
 
 DTensor nll_loss(const DTensor& log_probs, const DTensor& target, int64_t ignore_index, Reduction reduction) {

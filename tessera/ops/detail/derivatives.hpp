@@ -142,10 +142,14 @@ template <OpId op, class T>
 void record_binary(T& out, const T& a, const T& b) {
   if constexpr (BinaryGrad<op>::differentiable) {
     if (!needs_grad<T>({&a, &b})) return;
-    record<T>(op_name(op), out, {&a, &b}, [a = a.detach(), b = b.detach(), y = out.detach()](const T& g) {
-      return std::vector<T>{sum_to(BinaryGrad<op>::a(g, a, b, y), a.shape()),
-                            sum_to(BinaryGrad<op>::b(g, a, b, y), b.shape())};
-    });
+    // Only the gradients an input takes: the other formula may cost work, and on DTensor
+    // collectives (a Partial operand reduced again).
+    record<T>(op_name(op), out, {&a, &b},
+              [a = a.detach(), b = b.detach(), y = out.detach(), to_a = a.requires_grad(),
+               to_b = b.requires_grad()](const T& g) {
+                return std::vector<T>{to_a ? sum_to(BinaryGrad<op>::a(g, a, b, y), a.shape()) : T(),
+                                      to_b ? sum_to(BinaryGrad<op>::b(g, a, b, y), b.shape()) : T()};
+              });
   }
 }
 
