@@ -1,5 +1,6 @@
 // DTensor's autograd surface: leaves whose gradients land in the leaf's layout, backward(), detach().
 #include <tessera/grad/engine.hpp>
+#include <tessera/dtensor/detail/deferred_gradients.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/runtime/runtime.hpp>
@@ -125,8 +126,8 @@ namespace detail {
 
 // Backward runs the nodes of one foreach_all_gather together, after every node created later (the
 // unit's compute): when the first node of another call runs, the gradients deferred so far are
-// complete, and are reduced now rather than at the end (FSDP's reduce_scatter per unit, which
-// keeps one unit's full gradients alive at a time). NoSync keeps them all until it closes.
+// complete, and go in flight now rather than at the end (FSDP's reduce_scatter per unit).
+// NoSync keeps them all until it closes.
 void gradients_of_group_arriving(const void* group) {
   if (!in_rank()) return;
   Deferred& state = deferred();

@@ -6,19 +6,16 @@
 #include <optional>
 
 #include <tessera/core/error.hpp>
+#include <tessera/dtensor/detail/deferred_gradients.hpp>
 #include <tessera/dtensor/detail/row_split.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/grad/engine.hpp>
 
 namespace tessera {
 
-namespace detail {
-void gradients_of_group_arriving(const void* group);  // dtensor_autograd.cpp
-}
-
 namespace {
 
-// The one mesh dim on which `from` is Shard(0) and `to` Replicate, everything else equal.
+// The one mesh dim where `to` is Replicate and `from` is not (row_split checks the rest).
 std::optional<int64_t> unshard_dim(const Layout& from, const Layout& to) {
   std::optional<int64_t> dim;
   for (size_t d = 0; d < from.placements().size(); ++d) {

@@ -22,10 +22,10 @@ struct Bucket {
   ReduceOp op;
   DType dtype;
   bool scatter = false;
-  std::vector<size_t> members;             // indices into the tensors
-  std::vector<detail::RowSplit> splits;    // scatter: per member
-  int64_t bytes = 0;                       // global bytes of the members (the same on every rank)
-  Tensor send, recv;                       // in flight
+  std::vector<size_t> members;           // indices into the tensors
+  std::vector<detail::RowSplit> splits;  // scatter: per member
+  int64_t bytes = 0;                     // global bytes of the members (the same on every rank)
+  Tensor send, recv;                     // in flight
   Work work;
 };
 

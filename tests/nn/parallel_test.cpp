@@ -16,33 +16,12 @@
 
 #include "rank_test_util.hpp"
 #include "test_util.hpp"
+#include "tiny_lm.hpp"
 
 using namespace tessera;
 using namespace tessera::testing;
 
 namespace {
-
-nn::TransformerConfig tiny() {
-  nn::TransformerConfig c;
-  c.vocab = 10;
-  c.dim = 12;
-  c.heads = 2;
-  c.layers = 2;
-  c.max_seq = 6;
-  c.hidden = 20;
-  c.dtype = DType::f64;
-  return c;
-}
-
-// Token ids [4, 6] and next-token targets.
-std::pair<Tensor, Tensor> batch(int64_t vocab, int step) {
-  std::vector<int64_t> ids(24), next(24);
-  for (int64_t i = 0; i < 24; ++i) {
-    ids[static_cast<size_t>(i)] = (i * 7 + 3 + step * 5) % vocab;
-    next[static_cast<size_t>(i)] = (i * 7 + 10 + step * 5) % vocab;
-  }
-  return {from_vector(ids, Shape{4, 6}), from_vector(next, Shape{4, 6})};
-}
 
 Placements all(const DeviceMesh& mesh, Placement p) { return Placements(static_cast<size_t>(mesh.ndim()), p); }
 
