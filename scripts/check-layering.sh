@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build=${1:-}
-order=(core grad ops comm runtime mesh sharding dtensor autograd nn spec domain mpmd controller debug)
+order=(core grad ops comm runtime mesh sharding dtensor autograd nn checkpoint spec domain mpmd controller debug)
 status=0
 
 for i in "${!order[@]}"; do

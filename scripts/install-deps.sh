@@ -14,6 +14,7 @@ packages=(
   libgtest-dev                            # GoogleTest: compiled libs + GTestConfig.cmake
   libbenchmark-dev                        # Google Benchmark (make bench)
   nlohmann-json3-dev                      # JSON
+  zlib1g-dev                              # CRC-32 of checkpoint chunks
   libcli11-dev                            # command lines
   libopenmpi-dev openmpi-bin              # MPI communicator backend and mpirun
   iproute2                                # ip netns: simulated hosts for make test-multihost

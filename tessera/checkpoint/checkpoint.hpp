@@ -1,0 +1,42 @@
+#pragma once
+// Sharded checkpoints in an open format: a map of DTensors saved as a Zarr v3 group (one array
+// per key, raw little-endian chunks on a regular grid, CRC-32 of every chunk in the array's
+// metadata) that zarr-python and other Zarr readers open, and loaded into any layout on any mesh.
+// Every rank writes the chunks it holds, each chunk once; every rank reads the chunks its block
+// overlaps. No pickles, no gathering on one rank.
+#include <map>
+#include <string>
+
+#include <tessera/core/export.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+
+namespace tessera TESSERA_API {
+namespace checkpoint {
+
+/// A checkpoint file could not be written or read (the message names the path).
+class IoError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Writes `tensors` to the directory `dir` as a Zarr v3 group whose arrays are named by the keys.
+/// Each tensor is first moved, by the planner, to a chunk-aligned layout (Partial reduced; a dim
+/// split over several mesh dims or into explicit sizes gathered); then each chunk is written by
+/// the one rank that holds it (replicas write nothing twice). Atomic: the group is written beside
+/// `dir` and renamed over it when every rank has finished, so a failure leaves any previous
+/// checkpoint at `dir` intact. Collective over the world: every rank passes the same keys, shapes
+/// and dtypes in the same layouts. `dir` must be on a file system every rank sees. Throws
+/// ValueError for a bad key (empty, or with '/', or "." / ".."), IoError naming the path and the
+/// failing rank when a write fails (on every rank).
+void save(const std::string& dir, const std::map<std::string, DTensor>& tensors);
+
+/// Reads the arrays named by the keys of `tensors` from the group at `dir` into each value, in its
+/// own layout (its local block is overwritten in place; it stays the same DTensor; a Partial
+/// value is not accepted). Each rank reads the chunks its block overlaps and checks each chunk's
+/// CRC-32. Throws ValueError naming the key for a missing array or a shape or dtype that differs
+/// from the value's, and IoError naming the chunk file for a missing, short or corrupt chunk; on
+/// every rank (collective over the world), with the rank that found it named.
+void load(const std::string& dir, std::map<std::string, DTensor>& tensors);
+
+}  // namespace checkpoint
+}  // namespace tessera

@@ -1,0 +1,39 @@
+#pragma once
+// Zarr v3 metadata as Tessera writes and reads it: a group's zarr.json, an array's zarr.json
+// (regular chunk grid, default chunk keys "c/i/j", the bytes codec little-endian) with the CRC-32
+// of every chunk in its attributes, and the chunk keys.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <tessera/core/dtype.hpp>
+#include <tessera/core/shape.hpp>
+
+namespace tessera::checkpoint::detail {
+
+struct ArrayMeta {
+  Shape shape;
+  DType dtype = DType::f32;
+  Shape chunks;                               // the regular grid's chunk shape
+  std::map<std::string, uint32_t> checksums;  // chunk key -> CRC-32 of its bytes
+};
+
+/// The group's zarr.json.
+std::string group_json();
+/// An array's zarr.json. bf16 has no Zarr v3 core type: it is stored as "uint16" (the raw bits)
+/// with attributes.tessera.dtype = "bfloat16".
+std::string array_json(const ArrayMeta& meta);
+/// Parses an array's zarr.json; throws ValueError naming `path` for anything Tessera did not write
+/// (another codec, grid or chunk key encoding, an unknown data type).
+ArrayMeta parse_array_json(const std::string& text, const std::string& path);
+
+/// "c/i/j/..." for the chunk at grid index `index` ("c" for a 0-d array).
+std::string chunk_key(const std::vector<int64_t>& index);
+/// Number of chunks along a dim of `extent` elements cut every `chunk`.
+inline int64_t grid_extent(int64_t extent, int64_t chunk) { return (extent + chunk - 1) / chunk; }
+
+/// CRC-32 (zlib's) of `bytes`.
+uint32_t crc32_of(const void* bytes, int64_t count);
+
+}  // namespace tessera::checkpoint::detail

@@ -1,0 +1,119 @@
+// checkpoint::load: every rank reads the chunks its block overlaps, checks their CRC-32 against the
+// metadata, and copies the overlap into its block. No communication but the final agreement.
+#include <tessera/checkpoint/checkpoint.hpp>
+
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/checkpoint/detail/zarr.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+namespace tessera::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_text(const fs::path& path, const std::string& name) {
+  std::ifstream in(path, std::ios::binary);
+  TESSERA_CHECK(in.good(), ValueError, "checkpoint::load", "no array '", name, "' in the checkpoint (", path.string(),
+                " cannot be read)");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The chunk at `index`, checked: its size and CRC-32 against the metadata.
+Tensor read_chunk(const fs::path& array_dir, const detail::ArrayMeta& meta, const std::vector<int64_t>& index) {
+  const std::string key = detail::chunk_key(index);
+  const fs::path path = array_dir / key;
+  Tensor chunk = empty(meta.chunks, meta.dtype);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  TESSERA_CHECK(in.good(), IoError, "checkpoint::load", "chunk ", path.string(), " is missing");
+  const auto size = static_cast<int64_t>(in.tellg());
+  TESSERA_CHECK(size == chunk.nbytes(), IoError, "checkpoint::load", "chunk ", path.string(), " has ", size,
+                " bytes; expected ", chunk.nbytes(), " (", meta.chunks.to_string(), " ", name(meta.dtype), ")");
+  in.seekg(0);
+  in.read(static_cast<char*>(const_cast<void*>(chunk.raw_data())), chunk.nbytes());
+  TESSERA_CHECK(in.good(), IoError, "checkpoint::load", "cannot read chunk ", path.string());
+  const auto expected = meta.checksums.find(key);
+  TESSERA_CHECK(expected != meta.checksums.end(), IoError, "checkpoint::load", "chunk ", path.string(),
+                " has no checksum in the array's metadata");
+  const uint32_t crc = detail::crc32_of(chunk.raw_data(), chunk.nbytes());
+  TESSERA_CHECK(crc == expected->second, IoError, "checkpoint::load", "chunk ", path.string(),
+                " is corrupt: CRC-32 ", crc, ", the metadata says ", expected->second);
+  return chunk;
+}
+
+// Copies every chunk overlapping this rank's block of `value` into it.
+void fill_block(const fs::path& array_dir, const detail::ArrayMeta& meta, DTensor& value) {
+  const DeviceMesh& mesh = value.device_mesh();
+  if (!mesh.is_member()) return;
+  const Block block = value.layout().block(mesh.coordinate());
+  if (block.numel() == 0) return;
+  Tensor local = value.to_local();
+  const int64_t nd = meta.shape.size();
+  std::vector<int64_t> first(static_cast<size_t>(nd)), last(static_cast<size_t>(nd)), index(static_cast<size_t>(nd));
+  for (int64_t d = 0; d < nd; ++d) {
+    first[static_cast<size_t>(d)] = block.begin[d] / meta.chunks[d];
+    last[static_cast<size_t>(d)] = (block.end[d] - 1) / meta.chunks[d];
+  }
+  index = first;
+  while (true) {
+    const Tensor chunk = read_chunk(array_dir, meta, index);
+    Tensor from = chunk, to = local;
+    for (int64_t d = 0; d < nd; ++d) {
+      const auto i = static_cast<size_t>(d);
+      const int64_t start = std::max(block.begin[d], index[i] * meta.chunks[d]);
+      const int64_t end = std::min({block.end[d], (index[i] + 1) * meta.chunks[d], meta.shape[d]});
+      from = from.narrow(d, start - index[i] * meta.chunks[d], end - start);
+      to = to.narrow(d, start - block.begin[d], end - start);
+    }
+    to.copy_(from);
+    int64_t d = nd - 1;  // the next index, row-major
+    for (; d >= 0; --d) {
+      const auto i = static_cast<size_t>(d);
+      if (++index[i] <= last[i]) break;
+      index[i] = first[i];
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace
+
+void load(const std::string& dir, std::map<std::string, DTensor>& tensors) {
+  std::string failure;
+  std::exception_ptr error;
+  try {
+    for (auto& [key, value] : tensors) {
+      detail::check_key(key, "checkpoint::load");
+      TESSERA_CHECK(value.defined() || !value.device_mesh().is_member(), ValueError, "checkpoint::load", "tensor '",
+                    key, "' is undefined");
+      TESSERA_CHECK(!value.layout().has_partial(), ValueError, "checkpoint::load", "tensor '", key, "' is ",
+                    value.layout().to_string(), "; load into a layout without Partial");
+      const fs::path array_dir = fs::path(dir) / key;
+      const fs::path meta_path = array_dir / "zarr.json";
+      const detail::ArrayMeta meta = detail::parse_array_json(read_text(meta_path, key), meta_path.string());
+      TESSERA_CHECK(meta.shape == value.shape() && meta.dtype == value.dtype(), ValueError, "checkpoint::load",
+                    "array '", key, "' is ", meta.shape.to_string(), " ", name(meta.dtype), "; the tensor is ",
+                    value.shape().to_string(), " ", name(value.dtype()));
+      fill_block(array_dir, meta, value);
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+    error = std::current_exception();
+  }
+  // Every rank learns whether any failed, so that none goes on alone.
+  const std::string all = detail::all_gather_text(failure.empty() ? "" : std::to_string(rank()) + "\t" + failure + "\n");
+  if (all.empty()) return;
+  if (error) std::rethrow_exception(error);  // this rank's own error, as it was thrown
+  const size_t tab = all.find('\t');
+  TESSERA_CHECK(false, IoError, "checkpoint::load", "rank ", all.substr(0, tab), " failed: ",
+                all.substr(tab + 1, all.find('\n') - tab - 1));
+}
+
+}  // namespace tessera::checkpoint

@@ -1,0 +1,140 @@
+// checkpoint::save: chunk-aligned layouts by the planner, each chunk written once by the rank that
+// holds it, checksums gathered for the metadata, the group renamed into place when all is written.
+#include <tessera/checkpoint/checkpoint.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/checkpoint/detail/zarr.hpp>
+#include <tessera/grad/engine.hpp>
+#include <tessera/runtime/runtime.hpp>
+
+namespace tessera::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_file(const fs::path& path, const void* data, int64_t bytes) {
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  TESSERA_CHECK(fs::is_directory(path.parent_path()), IoError, "checkpoint::save", "cannot create directory ",
+                path.parent_path().string(), ": ", ec.message());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(static_cast<const char*>(data), bytes);
+  out.close();
+  TESSERA_CHECK(out.good(), IoError, "checkpoint::save", "cannot write ", path.string());
+}
+
+void write_text(const fs::path& path, const std::string& text) { write_file(path, text.data(), static_cast<int64_t>(text.size())); }
+
+// Writes this rank's chunk of `value` (already in plan.layout) if it is the writer; returns
+// "name\tkey\tcrc\n" for the metadata, or "".
+std::string write_chunk(const fs::path& array_dir, const std::string& name, const DTensor& value,
+                        const detail::ChunkPlan& plan) {
+  const DeviceMesh& mesh = value.device_mesh();
+  if (!mesh.is_member()) return "";
+  const std::vector<int64_t> coordinate = mesh.coordinate();
+  const auto index = detail::chunk_index(plan, coordinate);
+  if (!index) return "";  // a replica, or an empty trailing piece
+  const Tensor chunk = detail::padded_chunk(value.to_local(), plan.chunks);
+  const std::string key = detail::chunk_key(*index);
+  write_file(array_dir / key, chunk.raw_data(), chunk.nbytes());
+  std::ostringstream line;
+  line << name << '\t' << key << '\t' << detail::crc32_of(chunk.raw_data(), chunk.nbytes()) << '\n';
+  return line.str();
+}
+
+}  // namespace
+
+void save(const std::string& dir, const std::map<std::string, DTensor>& tensors) {
+  for (const auto& [name, value] : tensors) {
+    detail::check_key(name, "checkpoint::save");
+    TESSERA_CHECK(value.defined() || !value.device_mesh().is_member(), ValueError, "checkpoint::save", "tensor '",
+                  name, "' is undefined");
+  }
+  const fs::path target(dir);
+  const fs::path staging = target.string() + ".tessera-saving";
+  const bool leader = rank() == 0;
+  if (leader) {
+    std::error_code ec;
+    fs::remove_all(staging, ec);  // what a crashed save left
+    fs::create_directories(staging, ec);
+  }
+  world().barrier();
+
+  // Each rank writes its chunks; a failure is recorded, not thrown, so that no rank is left
+  // waiting in the exchange below.
+  std::string lines, failure;
+  try {
+    const autograd::NoGradGuard no_grad;
+    for (const auto& [name, value] : tensors) {
+      const detail::ChunkPlan plan = detail::chunk_plan(value.layout());
+      const DTensor aligned = value.layout() == plan.layout ? value : value.redistribute(value.device_mesh(), plan.layout);
+      lines += write_chunk(staging / name, name, aligned, plan);
+      detail::save_fault_point();
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const std::string report = failure.empty() ? lines : "!" + std::to_string(rank()) + "\t" + failure + "\n";
+  const std::string all = detail::all_gather_text(report);
+
+  std::string first_failure;
+  std::map<std::string, detail::ArrayMeta> arrays;
+  std::istringstream in(all);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    if (line[0] == '!') {
+      if (first_failure.empty()) first_failure = line.substr(1);
+      continue;
+    }
+    std::istringstream fields(line);
+    std::string name, key, crc;
+    std::getline(fields, name, '\t');
+    std::getline(fields, key, '\t');
+    std::getline(fields, crc, '\t');
+    arrays[name].checksums[key] = static_cast<uint32_t>(std::stoul(crc));
+  }
+  if (!first_failure.empty()) {
+    if (leader) {
+      std::error_code ec;
+      fs::remove_all(staging, ec);
+    }
+    world().barrier();
+    const size_t tab = first_failure.find('\t');
+    TESSERA_CHECK(false, IoError, "checkpoint::save", "rank ", first_failure.substr(0, tab), " failed: ",
+                  first_failure.substr(tab + 1), "; ", target.string(), " is unchanged");
+  }
+
+  std::string rename_error;
+  if (leader) {
+    try {
+      write_text(staging / "zarr.json", detail::group_json());
+      for (const auto& [name, value] : tensors) {
+        detail::ArrayMeta& meta = arrays[name];
+        meta.shape = value.shape();
+        meta.dtype = value.dtype();
+        meta.chunks = detail::chunk_plan(value.layout()).chunks;
+        write_text(staging / name / "zarr.json", detail::array_json(meta));
+      }
+      // The previous checkpoint is replaced only now, by two renames.
+      const fs::path old = target.string() + ".tessera-old";
+      std::error_code ec;
+      fs::remove_all(old, ec);
+      if (fs::exists(target)) fs::rename(target, old);
+      fs::rename(staging, target);
+      fs::remove_all(old, ec);
+    } catch (const std::exception& e) {
+      rename_error = e.what();
+    }
+  }
+  int64_t failed = rename_error.empty() ? 0 : 1;
+  world().all_reduce(&failed, 1, DType::i64, ReduceOp::max);
+  TESSERA_CHECK(failed == 0, IoError, "checkpoint::save", "rank 0 could not finish ", target.string(),
+                rename_error.empty() ? "" : ": ", rename_error);
+}
+
+}  // namespace tessera::checkpoint

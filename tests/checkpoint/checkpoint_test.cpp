@@ -1,0 +1,189 @@
+// Checkpoints as Zarr v3 groups: a map of DTensors saved in one set of layouts loads into any
+// other (uneven pieces, nested and Partial layouts, every dtype, 0-d and empty tensors), every
+// chunk written once; a save that fails on one rank leaves the previous checkpoint intact; load
+// names a corrupt, short or missing chunk, and a missing or mismatched array, on every rank.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <tessera/checkpoint/checkpoint.hpp>
+#include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/dtensor/ops.hpp>
+#include <tessera/ops/ops.hpp>
+
+#include "rank_test_util.hpp"
+#include "test_util.hpp"
+
+using namespace tessera;
+using namespace tessera::testing;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A directory every rank names alike (rank 0's process id, shared under MPI), empty.
+std::string shared_dir(const std::string& name) {
+  int64_t pid = getpid();
+  world().broadcast(&pid, 1, DType::i64, 0);
+  const std::string dir = "/tmp/tessera-checkpoint-test-" + std::to_string(pid) + "-" + name;
+  if (rank() == 0) fs::remove_all(dir);
+  world().barrier();
+  return dir;
+}
+
+void remove_shared(const std::string& dir) {
+  world().barrier();
+  if (rank() == 0) fs::remove_all(dir);
+}
+
+Tensor values(const Shape& shape, double phase, DType dtype) {
+  const Tensor x = sin(add(mul(arange(shape.numel()).to(DType::f64), Scalar(0.61)), Scalar(phase))).reshape(shape);
+  if (dtype == DType::b8) return gt(x, Scalar(0.0));
+  if (dtype == DType::i64 || dtype == DType::i32 || dtype == DType::u8) return mul(add(x, Scalar(1.0)), Scalar(50.0)).to(dtype);
+  return x.to(dtype);
+}
+
+struct Case {
+  std::string key;
+  Tensor whole;
+};
+
+std::vector<Case> cases() {
+  return {{"a_f64", values({7, 5}, 0.1, DType::f64)}, {"b_f32", values({6}, 0.2, DType::f32)},
+          {"c_bf16", values({5, 3}, 0.3, DType::bf16)}, {"d_i64", values({4}, 0.4, DType::i64)},
+          {"e_b8", values({3, 2}, 0.5, DType::b8)},     {"f_f16", values({2, 9}, 0.6, DType::f16)},
+          {"g_scalar", values({}, 0.7, DType::f32)},    {"h_empty", values({0, 3}, 0.8, DType::f32)},
+          {"i_u8", values({5}, 0.9, DType::u8)},        {"j_i32", values({3, 3}, 1.0, DType::i32)}};
+}
+
+}  // namespace
+
+TEST(Checkpoint, RoundTripsAcrossLayoutsAndMeshes) {
+  for_each_world({2, 3, 4, 6}, [] {
+    const int n = world_size();
+    const bool two_d = n % 2 == 0 && n > 2;
+    const DeviceMesh save_mesh = two_d ? DeviceMesh({2, n / 2}, {"dp", "tp"}) : DeviceMesh({n}, {"dp"});
+    const std::string dir = shared_dir("round-trip");
+    // Saved in a variety of layouts: sharded both ways, nested on one dim, Partial, replicated.
+    std::map<std::string, DTensor> saved;
+    size_t k = 0;
+    for (const Case& c : cases()) {
+      Placements p(static_cast<size_t>(save_mesh.ndim()), Replicate{});
+      if (c.whole.ndim() >= 1 && k % 3 == 0) p[0] = Shard{0};
+      if (c.whole.ndim() >= 2 && two_d && k % 3 == 0) p[1] = Shard{1};
+      if (c.whole.ndim() >= 1 && two_d && k % 3 == 1) p[0] = Shard{0}, p[1] = Shard{0};  // nested
+      DTensor t = distribute_tensor(c.whole, save_mesh, p);
+      if (k == 1) {  // Partial: the saved value is the sum
+        FromLocalOptions shape;
+        shape.shape = c.whole.shape();
+        Placements partial(static_cast<size_t>(save_mesh.ndim()), Replicate{});
+        partial[0] = Partial{};
+        t = DTensor::from_local(div(c.whole, Scalar(static_cast<double>(save_mesh.size(0)))), save_mesh, partial, shape);
+      }
+      saved.emplace(c.key, t);
+      ++k;
+    }
+    checkpoint::save(dir, saved);
+    EXPECT_TRUE(fs::exists(fs::path(dir) / "zarr.json"));
+    EXPECT_FALSE(fs::exists(dir + ".tessera-saving"));
+    // a_f64 [7, 5], saved (Shard(0), Shard(1)): each chunk written once, no more.
+    world().barrier();
+    int64_t files = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(fs::path(dir) / "a_f64" / "c"))
+      files += entry.is_regular_file() ? 1 : 0;
+    // Chunks of ceil(L / k) along a dim cut k ways: ceil(L / chunk) of them.
+    const auto grid = [](int64_t extent, int64_t k) {
+      const int64_t chunk = (extent + k - 1) / k;
+      return (extent + chunk - 1) / chunk;
+    };
+    EXPECT_EQ(files, two_d ? grid(7, 2) * grid(5, n / 2) : grid(7, n));
+
+    // Loaded into other layouts on a 1-d mesh of every rank, then replicated.
+    const DeviceMesh load_mesh({n}, {"x"});
+    for (int variant = 0; variant < 2; ++variant) {
+      std::map<std::string, DTensor> loaded;
+      for (const Case& c : cases()) {
+        const Placements p = variant == 0 && c.whole.ndim() >= 1 ? Placements{Shard{c.whole.ndim() - 1}} : Placements{Replicate{}};
+        loaded.emplace(c.key, distribute_tensor(zeros(c.whole.shape(), c.whole.dtype()), load_mesh, p));
+      }
+      checkpoint::load(dir, loaded);
+      for (const Case& c : cases())
+        EXPECT_TRUE(allclose(loaded.at(c.key).full_tensor().to(DType::f64), c.whole.to(DType::f64), 1e-6, 0))
+            << c.key << " variant " << variant;
+    }
+    remove_shared(dir);
+  });
+}
+
+// A rank fails mid-save (after its first array): every rank throws naming it, and the previous
+// checkpoint still loads, unchanged; nothing is left beside it.
+TEST(Checkpoint, AFailedSaveLeavesThePreviousCheckpoint) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh({world_size()}, {"dp"});
+    const std::string dir = shared_dir("atomic");
+    const Tensor first = values({8, 3}, 0.1, DType::f32), second = values({8, 3}, 2.0, DType::f32);
+    checkpoint::save(dir, {{"w", distribute_tensor(first, mesh, {Shard{0}})}, {"v", distribute_tensor(first, mesh, {Shard{1}})}});
+    if (rank() == 1) checkpoint::detail::set_save_fault(1);
+    EXPECT_TRUE(throws_with<checkpoint::IoError>(
+        [&] {
+          checkpoint::save(dir, {{"w", distribute_tensor(second, mesh, {Shard{0}})}, {"v", distribute_tensor(second, mesh, {Shard{1}})}});
+        },
+        {"[checkpoint::save]", "rank 1 failed", "fault injected", "is unchanged"}));
+    checkpoint::detail::set_save_fault(-1);
+    std::map<std::string, DTensor> loaded{{"w", distribute_tensor(zeros({8, 3}), mesh, {Replicate{}})},
+                                          {"v", distribute_tensor(zeros({8, 3}), mesh, {Shard{0}})}};
+    checkpoint::load(dir, loaded);
+    EXPECT_TRUE(allclose(loaded.at("w").full_tensor(), first, 0, 0));
+    EXPECT_TRUE(allclose(loaded.at("v").full_tensor(), first, 0, 0));
+    EXPECT_FALSE(fs::exists(dir + ".tessera-saving"));
+    remove_shared(dir);
+  });
+}
+
+TEST(Checkpoint, LoadNamesWhatIsWrong) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh({world_size()}, {"dp"});
+    const std::string dir = shared_dir("errors");
+    const Tensor w = values({6, 4}, 0.3, DType::f64);
+    checkpoint::save(dir, {{"w", distribute_tensor(w, mesh, {Shard{0}})}});
+    const auto into = [&] { return std::map<std::string, DTensor>{{"w", distribute_tensor(zeros({6, 4}, DType::f64), mesh, {Replicate{}})}}; };
+    const fs::path chunk = fs::path(dir) / "w" / "c" / "0" / "0";
+
+    // One flipped byte: every rank reads chunk 0 (the target is replicated) and names it.
+    world().barrier();
+    if (rank() == 0) {
+      std::fstream f(chunk, std::ios::in | std::ios::out | std::ios::binary);
+      char byte = 0;
+      f.seekg(3);
+      f.read(&byte, 1);
+      byte = static_cast<char>(byte ^ 0x20);
+      f.seekp(3);
+      f.write(&byte, 1);
+    }
+    world().barrier();
+    auto target = into();
+    EXPECT_TRUE(throws_with<checkpoint::IoError>([&] { checkpoint::load(dir, target); },
+                                                 {"[checkpoint::load]", chunk.string(), "is corrupt"}));
+    world().barrier();
+    if (rank() == 0) fs::resize_file(chunk, 10);
+    world().barrier();
+    EXPECT_TRUE(throws_with<checkpoint::IoError>([&] { checkpoint::load(dir, target); },
+                                                 {"[checkpoint::load]", chunk.string(), "has 10 bytes"}));
+    world().barrier();
+    if (rank() == 0) fs::remove(chunk);
+    world().barrier();
+    EXPECT_TRUE(throws_with<checkpoint::IoError>([&] { checkpoint::load(dir, target); },
+                                                 {"[checkpoint::load]", chunk.string(), "is missing"}));
+
+    std::map<std::string, DTensor> missing{{"nope", distribute_tensor(zeros({6, 4}, DType::f64), mesh, {Replicate{}})}};
+    EXPECT_TRUE(throws_with<ValueError>([&] { checkpoint::load(dir, missing); }, {"[checkpoint::load]", "no array 'nope'"}));
+    std::map<std::string, DTensor> wrong{{"w", distribute_tensor(zeros({6, 5}, DType::f64), mesh, {Replicate{}})}};
+    EXPECT_TRUE(throws_with<ValueError>([&] { checkpoint::load(dir, wrong); },
+                                        {"[checkpoint::load]", "'w'", "[6, 4] f64", "[6, 5] f64"}));
+    EXPECT_TRUE(throws_with<ValueError>([&] { checkpoint::save(dir, {{"a/b", distribute_tensor(w, mesh, {Shard{0}})}}); },
+                                        {"[checkpoint::save]", "'a/b'"}));
+    remove_shared(dir);
+  });
+}
