@@ -68,10 +68,12 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors)
   // Each rank writes its chunks; a failure is recorded, not thrown, so that no rank is left
   // waiting in the exchange below.
   std::string lines, failure;
+  std::map<std::string, Shape> chunk_shapes;  // for the metadata
   try {
     const autograd::NoGradGuard no_grad;
     for (const auto& [name, value] : tensors) {
       const detail::ChunkPlan plan = detail::chunk_plan(value.layout());
+      chunk_shapes[name] = plan.chunks;
       const DTensor aligned = value.layout() == plan.layout ? value : value.redistribute(value.device_mesh(), plan.layout);
       lines += write_chunk(staging / name, name, aligned, plan);
       detail::save_fault_point();
@@ -117,7 +119,7 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors)
         detail::ArrayMeta& meta = arrays[name];
         meta.shape = value.shape();
         meta.dtype = value.dtype();
-        meta.chunks = detail::chunk_plan(value.layout()).chunks;
+        meta.chunks = chunk_shapes.at(name);
         write_text(staging / name / "zarr.json", detail::array_json(meta));
       }
       // The previous checkpoint is replaced only now, by two renames.

@@ -37,7 +37,6 @@ struct Deferred {
   int backward_depth = 0;  // running DTensor::backward calls
   struct Leaf {
     std::weak_ptr<autograd::Meta> meta;
-    DeviceMesh mesh;
     Layout target;
   };
   std::vector<Leaf> leaves;
@@ -175,7 +174,7 @@ DTensor& DTensor::requires_grad_(bool on) {
       Deferred& state = deferred();
       land_if_in_flight(state, leaf);
       if (!leaf.grad.has_value()) {
-        state.leaves.push_back({self, mesh, target});
+        state.leaves.push_back({self, target});
         state.waiting_bytes += grad.numel() * itemsize(grad.dtype());
       } else {
         const DTensor& previous = std::any_cast<const DTensor&>(leaf.grad);

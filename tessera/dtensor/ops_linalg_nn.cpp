@@ -261,8 +261,7 @@ DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t igno
   // The count reduced once here: div's backward then divides by a replicated count instead of
   // reducing the Partial one again.
   const DTensor count = sum(valid);
-  return div(sum(kept), count.layout().has_partial() ? count.redistribute(count.device_mesh(), gradient_layout(count.layout()))
-                                                    : count);
+  return div(sum(kept), count.redistribute(count.device_mesh(), gradient_layout(count.layout())));
 }
 
 DTensor nll_loss(const DTensor& log_probs, const DTensor& target, int64_t ignore_index, Reduction reduction) {

@@ -27,7 +27,6 @@ std::optional<RowSplit> row_split(const Layout& whole, const Layout& split, int6
   const Block block = whole.block(coordinate);
   const Shape shape = block.shape();
   RowSplit out;
-  out.mesh_dim = mesh_dim;
   out.row_numel = 1;
   for (int64_t d = 1; d < shape.size(); ++d) out.row_numel *= shape[d];
   const int64_t ranks = whole.mesh().shape()[m];

@@ -12,7 +12,6 @@
 namespace tessera::detail {
 
 struct RowSplit {
-  int64_t mesh_dim = 0;
   int64_t row_numel = 0;        // elements per row of the unsplit block
   std::vector<int64_t> starts;  // per rank along mesh_dim: its first row within the unsplit block
   std::vector<int64_t> counts;  // ... and its number of rows
