@@ -5,7 +5,7 @@
 #
 #   scripts/install-deps.sh            # install what is missing
 #   scripts/install-deps.sh --check    # exit 1 (and list them) if any are missing; install nothing
-#   scripts/install-deps.sh --peers    # also python3-venv (make bench-peers' venv of PyTorch and JAX)
+#   scripts/install-deps.sh --peers    # the same (make bench-peers asks for python3-venv, now in the default set)
 set -euo pipefail
 
 packages=(
@@ -14,17 +14,19 @@ packages=(
   libgtest-dev                            # GoogleTest: compiled libs + GTestConfig.cmake
   libbenchmark-dev                        # Google Benchmark (make bench)
   nlohmann-json3-dev                      # JSON
-  zlib1g-dev                              # CRC-32 of checkpoint chunks
+  libisal-dev                             # CRC-32 of checkpoint chunks (ISA-L)
+  libzstd-dev                             # zstd-compressed checkpoint chunks
   libcli11-dev                            # command lines
   libopenmpi-dev openmpi-bin              # MPI communicator backend and mpirun
   iproute2                                # ip netns: simulated hosts for make test-multihost
+  python3 python3-venv                    # make test's interop check (a venv of zarr-python and safetensors from PyPI)
 )
 
 check_only=0
 if [[ "${1:-}" == "--check" ]]; then
   check_only=1
 elif [[ "${1:-}" == "--peers" ]]; then
-  packages+=(python3 python3-venv)
+  :  # python3 and python3-venv are in the default set
 elif [[ $# -gt 0 ]]; then
   echo "usage: $0 [--check | --peers]" >&2
   exit 2

@@ -22,7 +22,9 @@
 #include <tessera/nn/layers.hpp>
 #include <tessera/nn/parallel.hpp>
 #include <tessera/nn/optim.hpp>
+#include <tessera/nn/state_dict.hpp>
 #include <tessera/checkpoint/checkpoint.hpp>
+#include <tessera/checkpoint/safetensors.hpp>
 #include <tessera/spec/partition_spec.hpp>
 #include <tessera/spec/mark_sharding.hpp>
 #include <tessera/spec/shard_map.hpp>

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include <tessera/checkpoint/detail/chunks.hpp>
 #include <tessera/checkpoint/detail/zarr.hpp>
@@ -26,26 +27,38 @@ std::string read_text(const fs::path& path, const std::string& name) {
   return text.str();
 }
 
-// The chunk at `index`, checked: its size and CRC-32 against the metadata.
-Tensor read_chunk(const fs::path& array_dir, const detail::ArrayMeta& meta, const std::vector<int64_t>& index) {
-  const std::string key = detail::chunk_key(index);
+// Reads the chunk at `index` into `chunk` (contiguous, of the chunk shape), checked: its file's
+// size (raw chunks) and CRC-32 against the metadata, and that it decompresses to a whole chunk
+// (zstd chunks).
+void read_chunk(const fs::path& array_dir, const detail::ArrayMeta& meta, const std::vector<int64_t>& index,
+                Tensor& chunk) {
+  const std::string key = detail::chunk_key(index, meta.separator);
   const fs::path path = array_dir / key;
-  Tensor chunk = empty(meta.chunks, meta.dtype);
+  auto* bytes = static_cast<char*>(const_cast<void*>(chunk.raw_data()));
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   TESSERA_CHECK(in.good(), IoError, "checkpoint::load", "chunk ", path.string(), " is missing");
   const auto size = static_cast<int64_t>(in.tellg());
-  TESSERA_CHECK(size == chunk.nbytes(), IoError, "checkpoint::load", "chunk ", path.string(), " has ", size,
-                " bytes; expected ", chunk.nbytes(), " (", meta.chunks.to_string(), " ", name(meta.dtype), ")");
+  TESSERA_CHECK(meta.zstd_level || size == chunk.nbytes(), IoError, "checkpoint::load", "chunk ", path.string(),
+                " has ", size, " bytes; expected ", chunk.nbytes(), " (", meta.chunks.to_string(), " ", name(meta.dtype), ")");
+  std::vector<char> stored;  // zstd chunks: the file, decompressed into the chunk once checked
+  char* into = bytes;
+  if (meta.zstd_level) {
+    stored.resize(static_cast<size_t>(size));
+    into = stored.data();
+  }
   in.seekg(0);
-  in.read(static_cast<char*>(const_cast<void*>(chunk.raw_data())), chunk.nbytes());
+  in.read(into, size);
   TESSERA_CHECK(in.good(), IoError, "checkpoint::load", "cannot read chunk ", path.string());
   const auto expected = meta.checksums.find(key);
   TESSERA_CHECK(expected != meta.checksums.end(), IoError, "checkpoint::load", "chunk ", path.string(),
                 " has no checksum in the array's metadata");
-  const uint32_t crc = detail::crc32_of(chunk.raw_data(), chunk.nbytes());
+  const uint32_t crc = detail::crc32_of(into, size);
   TESSERA_CHECK(crc == expected->second, IoError, "checkpoint::load", "chunk ", path.string(),
                 " is corrupt: CRC-32 ", crc, ", the metadata says ", expected->second);
-  return chunk;
+  if (meta.zstd_level)
+    TESSERA_CHECK(detail::zstd_decompress(stored, bytes, chunk.nbytes()), IoError, "checkpoint::load", "chunk ",
+                  path.string(), " does not decompress to ", chunk.nbytes(), " bytes (", meta.chunks.to_string(), " ",
+                  name(meta.dtype), ")");
 }
 
 // Copies every chunk overlapping this rank's block of `value` into it.
@@ -62,17 +75,32 @@ void fill_block(const fs::path& array_dir, const detail::ArrayMeta& meta, DTenso
     last[static_cast<size_t>(d)] = (block.end[d] - 1) / meta.chunks[d];
   }
   index = first;
+  Tensor scratch;  // for chunks that are not exactly this block
   while (true) {
-    const Tensor chunk = read_chunk(array_dir, meta, index);
-    Tensor from = chunk, to = local;
+    // The chunk's region within the block; when it is the whole block (a chunk-aligned layout)
+    // and the block is contiguous, the chunk is read straight into it.
+    std::vector<int64_t> start(static_cast<size_t>(nd)), end(static_cast<size_t>(nd));
+    Tensor to_region = local;
+    bool exact = local.is_contiguous();
     for (int64_t d = 0; d < nd; ++d) {
       const auto i = static_cast<size_t>(d);
-      const int64_t start = std::max(block.begin[d], index[i] * meta.chunks[d]);
-      const int64_t end = std::min({block.end[d], (index[i] + 1) * meta.chunks[d], meta.shape[d]});
-      from = from.narrow(d, start - index[i] * meta.chunks[d], end - start);
-      to = to.narrow(d, start - block.begin[d], end - start);
+      start[i] = std::max(block.begin[d], index[i] * meta.chunks[d]);
+      end[i] = std::min({block.end[d], (index[i] + 1) * meta.chunks[d], meta.shape[d]});
+      exact = exact && start[i] == block.begin[d] && end[i] == block.end[d] && end[i] - start[i] == meta.chunks[d];
+      to_region = to_region.narrow(d, start[i] - block.begin[d], end[i] - start[i]);
     }
-    to.copy_(from);
+    if (exact) {
+      read_chunk(array_dir, meta, index, local);
+    } else {
+      if (!scratch.defined()) scratch = empty(meta.chunks, meta.dtype);
+      read_chunk(array_dir, meta, index, scratch);
+      Tensor from_region = scratch;
+      for (int64_t d = 0; d < nd; ++d) {
+        const auto i = static_cast<size_t>(d);
+        from_region = from_region.narrow(d, start[i] - index[i] * meta.chunks[d], end[i] - start[i]);
+      }
+      to_region.copy_(from_region);
+    }
     int64_t d = nd - 1;  // the next index, row-major
     for (; d >= 0; --d) {
       const auto i = static_cast<size_t>(d);

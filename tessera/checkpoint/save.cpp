@@ -2,6 +2,11 @@
 // holds it, checksums gathered for the metadata, the group renamed into place when all is written.
 #include <tessera/checkpoint/checkpoint.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -17,15 +22,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Writes a file in an existing directory.
 void write_file(const fs::path& path, const void* data, int64_t bytes) {
-  std::error_code ec;
-  fs::create_directories(path.parent_path(), ec);
-  TESSERA_CHECK(fs::is_directory(path.parent_path()), IoError, "checkpoint::save", "cannot create directory ",
-                path.parent_path().string(), ": ", ec.message());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(static_cast<const char*>(data), bytes);
-  out.close();
-  TESSERA_CHECK(out.good(), IoError, "checkpoint::save", "cannot write ", path.string());
+  // write(2) straight from the tensor's memory: no stream buffer in between.
+  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
+  TESSERA_CHECK(fd >= 0, IoError, "checkpoint::save", "cannot create ", path.string(), ": ", std::strerror(errno));
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t written = ::write(fd, p, static_cast<size_t>(bytes));
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) {
+      const int error = errno;
+      ::close(fd);
+      TESSERA_CHECK(false, IoError, "checkpoint::save", "cannot write ", path.string(), ": ",
+                    written < 0 ? std::strerror(error) : "no progress");
+    }
+    p += written;
+    bytes -= written;
+  }
+  TESSERA_CHECK(::close(fd) == 0, IoError, "checkpoint::save", "cannot write ", path.string(), ": ", std::strerror(errno));
 }
 
 void write_text(const fs::path& path, const std::string& text) { write_file(path, text.data(), static_cast<int64_t>(text.size())); }
@@ -33,7 +48,7 @@ void write_text(const fs::path& path, const std::string& text) { write_file(path
 // Writes this rank's chunk of `value` (already in plan.layout) if it is the writer; returns
 // "name\tkey\tcrc\n" for the metadata, or "".
 std::string write_chunk(const fs::path& array_dir, const std::string& name, const DTensor& value,
-                        const detail::ChunkPlan& plan) {
+                        const detail::ChunkPlan& plan, const SaveOptions& options) {
   const DeviceMesh& mesh = value.device_mesh();
   if (!mesh.is_member()) return "";
   const std::vector<int64_t> coordinate = mesh.coordinate();
@@ -41,15 +56,25 @@ std::string write_chunk(const fs::path& array_dir, const std::string& name, cons
   if (!index) return "";  // a replica, or an empty trailing piece
   const Tensor chunk = detail::padded_chunk(value.to_local(), plan.chunks);
   const std::string key = detail::chunk_key(*index);
-  write_file(array_dir / key, chunk.raw_data(), chunk.nbytes());
+  uint32_t crc = 0;
+  if (options.zstd_level > 0) {
+    const std::vector<char> stored = detail::zstd_compress(chunk.raw_data(), chunk.nbytes(), options.zstd_level);
+    write_file(array_dir / key, stored.data(), static_cast<int64_t>(stored.size()));
+    crc = detail::crc32_of(stored.data(), static_cast<int64_t>(stored.size()));
+  } else {
+    write_file(array_dir / key, chunk.raw_data(), chunk.nbytes());
+    crc = detail::crc32_of(chunk.raw_data(), chunk.nbytes());
+  }
   std::ostringstream line;
-  line << name << '\t' << key << '\t' << detail::crc32_of(chunk.raw_data(), chunk.nbytes()) << '\n';
+  line << name << '\t' << key << '\t' << crc << '\n';
   return line.str();
 }
 
 }  // namespace
 
-void save(const std::string& dir, const std::map<std::string, DTensor>& tensors) {
+void save(const std::string& dir, const std::map<std::string, DTensor>& tensors, const SaveOptions& options) {
+  TESSERA_CHECK(options.zstd_level >= 0 && options.zstd_level <= 22, ValueError, "checkpoint::save", "zstd_level ",
+                options.zstd_level, " is not in [0, 22] (0: raw chunks)");
   for (const auto& [name, value] : tensors) {
     detail::check_key(name, "checkpoint::save");
     TESSERA_CHECK(value.defined() || !value.device_mesh().is_member(), ValueError, "checkpoint::save", "tensor '",
@@ -58,10 +83,10 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors)
   const fs::path target(dir);
   const fs::path staging = target.string() + ".tessera-saving";
   const bool leader = rank() == 0;
-  if (leader) {
+  if (leader) {  // the group's directories, made once (each rank only writes files into them)
     std::error_code ec;
     fs::remove_all(staging, ec);  // what a crashed save left
-    fs::create_directories(staging, ec);
+    for (const auto& [name, value] : tensors) fs::create_directories(staging / name, ec);
   }
   world().barrier();
 
@@ -75,7 +100,7 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors)
       const detail::ChunkPlan plan = detail::chunk_plan(value.layout());
       chunk_shapes[name] = plan.chunks;
       const DTensor aligned = value.layout() == plan.layout ? value : value.redistribute(value.device_mesh(), plan.layout);
-      lines += write_chunk(staging / name, name, aligned, plan);
+      lines += write_chunk(staging / name, name, aligned, plan, options);
       detail::save_fault_point();
     }
   } catch (const std::exception& e) {
@@ -120,6 +145,7 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors)
         meta.shape = value.shape();
         meta.dtype = value.dtype();
         meta.chunks = chunk_shapes.at(name);
+        if (options.zstd_level > 0) meta.zstd_level = options.zstd_level;
         write_text(staging / name / "zarr.json", detail::array_json(meta));
       }
       // The previous checkpoint is replaced only now, by two renames.

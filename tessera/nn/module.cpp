@@ -91,14 +91,15 @@ void Module::load_state_dict(const std::map<std::string, DTensor>& state) {
     const DTensor& given = state.at(name);
     const DTensor source = given.detach().redistribute(mesh_, p->layout().with_dtype(given.dtype()));
     Tensor local = p->to_local();
-    local.copy_(source.to_local());
+    const Tensor from = source.to_local();
+    if (from.raw_data() != local.raw_data()) local.copy_(from);  // not what was loaded in place
   }
 }
 
 DTensor& Module::register_parameter(std::string name, DTensor value) {
   value = value.detach();
   value.requires_grad_();
-  params_.push_back(std::make_unique<Slot>(Slot{std::move(name), std::move(value), std::nullopt}));
+  params_.push_back(std::make_unique<Slot>(Slot{std::move(name), std::move(value), std::nullopt, nullptr, 0}));
   return params_.back()->value;
 }
 

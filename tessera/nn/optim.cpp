@@ -28,7 +28,62 @@ DTensor zeros_like_layout(const DTensor& p) {
   return DTensor(zeros(p.to_local().shape(), p.dtype()), p.device_mesh(), p.layout());
 }
 
+// "<i>.<name>": parameter i's state entry.
+std::string entry(size_t i, const std::string& name) { return std::to_string(i) + "." + name; }
+
+// A 0-d `value` replicated on the mesh of `on` (every rank knows it: no communication).
+DTensor replicated_scalar(const DTensor& on, Scalar value, DType dtype) {
+  const DeviceMesh& mesh = on.device_mesh();
+  return DTensor::from_local(scalar_tensor(value, dtype), mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate{}));
+}
+
+// `into` takes the values of `given`, resharded to its layout. Entries loaded in place (a
+// checkpoint read into the tensors state_dict returned) are already there.
+void assign_resharded(DTensor& into, const DTensor& given) {
+  const DTensor source = given.detach().redistribute(into.device_mesh(), into.layout().with_dtype(given.dtype()));
+  Tensor local = into.to_local();
+  const Tensor from = source.to_local();
+  if (from.raw_data() != local.raw_data()) local.copy_(from);
+}
+
 }  // namespace
+
+std::map<std::string, DTensor> Optimizer::state_dict() {
+  std::map<std::string, DTensor> out;
+  if (!params_.empty()) out.emplace("lr", replicated_scalar(*params_.front(), Scalar(lr_), DType::f64));
+  return out;
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, DTensor>& state) {
+  check_state("Optimizer::load_state_dict", state, {}, {"lr"});
+  if (member_of_first_mesh()) lr_ = state.at("lr").item().to_double();
+}
+
+bool Optimizer::member_of_first_mesh() const {
+  return !params_.empty() && params_.front()->device_mesh().is_member();
+}
+
+void Optimizer::check_state(const char* op, const std::map<std::string, DTensor>& state,
+                            const std::vector<std::string>& per_parameter,
+                            const std::vector<std::string>& global) const {
+  std::map<std::string, Shape> expected;
+  if (!params_.empty())
+    for (const std::string& name : global) expected.emplace(name, Shape{});
+  for (size_t i = 0; i < params_.size(); ++i)
+    for (const std::string& name : per_parameter) expected.emplace(entry(i, name), params_[i]->shape());
+  for (const auto& [key, value] : state)
+    TESSERA_CHECK(expected.count(key) != 0, ValueError, op, "unexpected entry '", key, "' (", params_.size(),
+                  " parameters)");
+  for (const auto& [key, shape] : expected) {
+    const auto it = state.find(key);
+    TESSERA_CHECK(it != state.end(), ValueError, op, "missing entry '", key, "'");
+    TESSERA_CHECK(it->second.defined() || !it->second.device_mesh().is_member(), ValueError, op, "entry '", key,
+                  "' is undefined");
+    const bool fits = shape.size() == 0 ? it->second.numel() == 1 : it->second.shape() == shape;
+    TESSERA_CHECK(fits, ValueError, op, "entry '", key, "' has shape ", it->second.shape().to_string(), "; expected ",
+                  shape.to_string());
+  }
+}
 
 void Optimizer::zero_grad() {
   for (DTensor* p : params_) p->set_grad(DTensor());
@@ -56,6 +111,32 @@ void SGD::step() {
       g = buf;
     }
     assign(p, sub(p.detach(), mul(g, Scalar(lr_))));
+  }
+}
+
+std::map<std::string, DTensor> SGD::state_dict() {
+  std::map<std::string, DTensor> out = Optimizer::state_dict();
+  if (momentum_ == 0) return out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DTensor& buf = momentum_buffers_[i];
+    // Zeros update as no buffer does (momentum * 0 + g == g exactly); the parameter's layout.
+    if (!buf.defined()) buf = zeros_like_layout(*params_[i]);
+    else if (!(buf.layout() == params_[i]->layout())) buf = buf.redistribute(params_[i]->device_mesh(), params_[i]->layout());
+    out.emplace(entry(i, "momentum_buffer"), buf);
+  }
+  return out;
+}
+
+void SGD::load_state_dict(const std::map<std::string, DTensor>& state) {
+  if (momentum_ == 0) check_state("SGD::load_state_dict", state, {}, {"lr"});
+  else check_state("SGD::load_state_dict", state, {"momentum_buffer"}, {"lr"});
+  autograd::NoGradGuard no_grad;
+  if (member_of_first_mesh()) lr_ = state.at("lr").item().to_double();
+  if (momentum_ == 0) return;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    DTensor& buf = momentum_buffers_[i];
+    if (!buf.defined() || !(buf.layout() == params_[i]->layout())) buf = zeros_like_layout(*params_[i]);
+    assign_resharded(buf, state.at(entry(i, "momentum_buffer")));
   }
 }
 
@@ -97,6 +178,39 @@ void AdamW::step() {
     const DTensor update = div(div(m_[i], Scalar(hyper.correction1)), denom);
     const DTensor decayed = mul(p.detach(), Scalar(1 - lr_ * weight_decay_));
     assign(p, sub(decayed, mul(update, Scalar(lr_))));
+  }
+}
+
+std::map<std::string, DTensor> AdamW::state_dict() {
+  std::map<std::string, DTensor> out = Optimizer::state_dict();
+  if (params_.empty()) return out;
+  out.emplace("step", replicated_scalar(*params_.front(), Scalar(steps_), DType::i64));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    // Zero moments update exactly as absent ones (step creates them so); the parameter's layout,
+    // which the fused update writes in place.
+    if (!m_[i].defined()) {
+      m_[i] = zeros_like_layout(*params_[i]);
+      v_[i] = zeros_like_layout(*params_[i]);
+    }
+    out.emplace(entry(i, "exp_avg"), m_[i]);
+    out.emplace(entry(i, "exp_avg_sq"), v_[i]);
+  }
+  return out;
+}
+
+void AdamW::load_state_dict(const std::map<std::string, DTensor>& state) {
+  check_state("AdamW::load_state_dict", state, {"exp_avg", "exp_avg_sq"}, {"lr", "step"});
+  autograd::NoGradGuard no_grad;
+  if (member_of_first_mesh()) {  // the scalars' mesh (item is collective over it)
+    lr_ = state.at("lr").item().to_double();
+    steps_ = state.at("step").item().to_int();
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const DTensor& p = *params_[i];
+    if (!m_[i].defined() || !(m_[i].layout() == p.layout())) m_[i] = zeros_like_layout(p);
+    if (!v_[i].defined() || !(v_[i].layout() == p.layout())) v_[i] = zeros_like_layout(p);
+    assign_resharded(m_[i], state.at(entry(i, "exp_avg")));
+    assign_resharded(v_[i], state.at(entry(i, "exp_avg_sq")));
   }
 }
 

@@ -3,7 +3,6 @@
 // chunk written once; a save that fails on one rank leaves the previous checkpoint intact; load
 // names a corrupt, short or missing chunk, and a missing or mismatched array, on every rank.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,9 +10,11 @@
 
 #include <tessera/checkpoint/checkpoint.hpp>
 #include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/checkpoint/detail/zarr.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/ops.hpp>
 
+#include "checkpoint/checkpoint_test_util.hpp"
 #include "rank_test_util.hpp"
 #include "test_util.hpp"
 
@@ -23,39 +24,17 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A directory every rank names alike (rank 0's process id, shared under MPI), empty.
-std::string shared_dir(const std::string& name) {
-  int64_t pid = getpid();
-  world().broadcast(&pid, 1, DType::i64, 0);
-  const std::string dir = "/tmp/tessera-checkpoint-test-" + std::to_string(pid) + "-" + name;
-  if (rank() == 0) fs::remove_all(dir);
-  world().barrier();
-  return dir;
-}
-
-void remove_shared(const std::string& dir) {
-  world().barrier();
-  if (rank() == 0) fs::remove_all(dir);
-}
-
-Tensor values(const Shape& shape, double phase, DType dtype) {
-  const Tensor x = sin(add(mul(arange(shape.numel()).to(DType::f64), Scalar(0.61)), Scalar(phase))).reshape(shape);
-  if (dtype == DType::b8) return gt(x, Scalar(0.0));
-  if (dtype == DType::i64 || dtype == DType::i32 || dtype == DType::u8) return mul(add(x, Scalar(1.0)), Scalar(50.0)).to(dtype);
-  return x.to(dtype);
-}
-
 struct Case {
   std::string key;
   Tensor whole;
 };
 
 std::vector<Case> cases() {
-  return {{"a_f64", values({7, 5}, 0.1, DType::f64)}, {"b_f32", values({6}, 0.2, DType::f32)},
-          {"c_bf16", values({5, 3}, 0.3, DType::bf16)}, {"d_i64", values({4}, 0.4, DType::i64)},
-          {"e_b8", values({3, 2}, 0.5, DType::b8)},     {"f_f16", values({2, 9}, 0.6, DType::f16)},
-          {"g_scalar", values({}, 0.7, DType::f32)},    {"h_empty", values({0, 3}, 0.8, DType::f32)},
-          {"i_u8", values({5}, 0.9, DType::u8)},        {"j_i32", values({3, 3}, 1.0, DType::i32)}};
+  return {{"a_f64", sample_values({7, 5}, 0.1, DType::f64)}, {"b_f32", sample_values({6}, 0.2, DType::f32)},
+          {"c_bf16", sample_values({5, 3}, 0.3, DType::bf16)}, {"d_i64", sample_values({4}, 0.4, DType::i64)},
+          {"e_b8", sample_values({3, 2}, 0.5, DType::b8)},     {"f_f16", sample_values({2, 9}, 0.6, DType::f16)},
+          {"g_scalar", sample_values({}, 0.7, DType::f32)},    {"h_empty", sample_values({0, 3}, 0.8, DType::f32)},
+          {"i_u8", sample_values({5}, 0.9, DType::u8)},        {"j_i32", sample_values({3, 3}, 1.0, DType::i32)}};
 }
 
 }  // namespace
@@ -65,7 +44,7 @@ TEST(Checkpoint, RoundTripsAcrossLayoutsAndMeshes) {
     const int n = world_size();
     const bool two_d = n % 2 == 0 && n > 2;
     const DeviceMesh save_mesh = two_d ? DeviceMesh({2, n / 2}, {"dp", "tp"}) : DeviceMesh({n}, {"dp"});
-    const std::string dir = shared_dir("round-trip");
+    const std::string dir = shared_dir("checkpoint-round-trip");
     // Saved in a variety of layouts: sharded both ways, nested on one dim, Partial, replicated.
     std::map<std::string, DTensor> saved;
     size_t k = 0;
@@ -85,33 +64,38 @@ TEST(Checkpoint, RoundTripsAcrossLayoutsAndMeshes) {
       saved.emplace(c.key, t);
       ++k;
     }
-    checkpoint::save(dir, saved);
-    EXPECT_TRUE(fs::exists(fs::path(dir) / "zarr.json"));
-    EXPECT_FALSE(fs::exists(dir + ".tessera-saving"));
-    // a_f64 [7, 5], saved (Shard(0), Shard(1)): each chunk written once, no more.
-    world().barrier();
-    int64_t files = 0;
-    for (const auto& entry : fs::recursive_directory_iterator(fs::path(dir) / "a_f64" / "c"))
-      files += entry.is_regular_file() ? 1 : 0;
-    // Chunks of ceil(L / k) along a dim cut k ways: ceil(L / chunk) of them.
-    const auto grid = [](int64_t extent, int64_t k) {
-      const int64_t chunk = (extent + k - 1) / k;
-      return (extent + chunk - 1) / chunk;
-    };
-    EXPECT_EQ(files, two_d ? grid(7, 2) * grid(5, n / 2) : grid(7, n));
+    for (const int zstd_level : {0, 3}) {  // raw chunks, then zstd-compressed ones
+      SCOPED_TRACE(::testing::Message() << "zstd_level " << zstd_level);
+      checkpoint::SaveOptions options;
+      options.zstd_level = zstd_level;
+      checkpoint::save(dir, saved, options);
+      EXPECT_TRUE(fs::exists(fs::path(dir) / "zarr.json"));
+      EXPECT_FALSE(fs::exists(dir + ".tessera-saving"));
+      // a_f64 [7, 5], saved (Shard(0), Shard(1)): each chunk written once, no more.
+      world().barrier();
+      int64_t files = 0;
+      for (const auto& entry : fs::directory_iterator(fs::path(dir) / "a_f64"))  // chunks "c.i.j" beside zarr.json
+        files += entry.path().filename().string().rfind("c.", 0) == 0 ? 1 : 0;
+      // Chunks of ceil(L / k) along a dim cut k ways: ceil(L / chunk) of them.
+      const auto grid = [](int64_t extent, int64_t k) {
+        const int64_t chunk = (extent + k - 1) / k;
+        return (extent + chunk - 1) / chunk;
+      };
+      EXPECT_EQ(files, two_d ? grid(7, 2) * grid(5, n / 2) : grid(7, n));
 
-    // Loaded into other layouts on a 1-d mesh of every rank, then replicated.
-    const DeviceMesh load_mesh({n}, {"x"});
-    for (int variant = 0; variant < 2; ++variant) {
-      std::map<std::string, DTensor> loaded;
-      for (const Case& c : cases()) {
-        const Placements p = variant == 0 && c.whole.ndim() >= 1 ? Placements{Shard{c.whole.ndim() - 1}} : Placements{Replicate{}};
-        loaded.emplace(c.key, distribute_tensor(zeros(c.whole.shape(), c.whole.dtype()), load_mesh, p));
+      // Loaded into other layouts on a 1-d mesh of every rank, then replicated.
+      const DeviceMesh load_mesh({n}, {"x"});
+      for (int variant = 0; variant < 2; ++variant) {
+        std::map<std::string, DTensor> loaded;
+        for (const Case& c : cases()) {
+          const Placements p = variant == 0 && c.whole.ndim() >= 1 ? Placements{Shard{c.whole.ndim() - 1}} : Placements{Replicate{}};
+          loaded.emplace(c.key, distribute_tensor(zeros(c.whole.shape(), c.whole.dtype()), load_mesh, p));
+        }
+        checkpoint::load(dir, loaded);
+        for (const Case& c : cases())
+          EXPECT_TRUE(allclose(loaded.at(c.key).full_tensor().to(DType::f64), c.whole.to(DType::f64), 1e-6, 0))
+              << c.key << " variant " << variant;
       }
-      checkpoint::load(dir, loaded);
-      for (const Case& c : cases())
-        EXPECT_TRUE(allclose(loaded.at(c.key).full_tensor().to(DType::f64), c.whole.to(DType::f64), 1e-6, 0))
-            << c.key << " variant " << variant;
     }
     remove_shared(dir);
   });
@@ -122,8 +106,8 @@ TEST(Checkpoint, RoundTripsAcrossLayoutsAndMeshes) {
 TEST(Checkpoint, AFailedSaveLeavesThePreviousCheckpoint) {
   for_each_world({2, 3}, [] {
     const DeviceMesh mesh({world_size()}, {"dp"});
-    const std::string dir = shared_dir("atomic");
-    const Tensor first = values({8, 3}, 0.1, DType::f32), second = values({8, 3}, 2.0, DType::f32);
+    const std::string dir = shared_dir("checkpoint-atomic");
+    const Tensor first = sample_values({8, 3}, 0.1, DType::f32), second = sample_values({8, 3}, 2.0, DType::f32);
     checkpoint::save(dir, {{"w", distribute_tensor(first, mesh, {Shard{0}})}, {"v", distribute_tensor(first, mesh, {Shard{1}})}});
     if (rank() == 1) checkpoint::detail::set_save_fault(1);
     EXPECT_TRUE(throws_with<checkpoint::IoError>(
@@ -142,14 +126,55 @@ TEST(Checkpoint, AFailedSaveLeavesThePreviousCheckpoint) {
   });
 }
 
+// zstd chunks: smaller files for compressible data, the codec in the metadata, checked by CRC-32
+// like raw ones; a chunk that does not decompress to a whole chunk is named.
+TEST(Checkpoint, ZstdChunksAreCompressedAndChecked) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh({world_size()}, {"dp"});
+    const std::string dir = shared_dir("checkpoint-zstd");
+    const Tensor w = full({64, 32}, Scalar(1.5), DType::f32);
+    checkpoint::SaveOptions options;
+    options.zstd_level = 5;
+    checkpoint::save(dir, {{"w", distribute_tensor(w, mesh, {Shard{0}})}}, options);
+    const fs::path chunk = fs::path(dir) / "w" / "c.0.0";
+    world().barrier();
+    EXPECT_LT(static_cast<int64_t>(fs::file_size(chunk)), 64 * 32 * 4 / world_size() / 10);
+    std::ifstream meta(fs::path(dir) / "w" / "zarr.json");
+    const std::string text((std::istreambuf_iterator<char>(meta)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("\"zstd\""), std::string::npos) << text;
+    std::map<std::string, DTensor> loaded{{"w", distribute_tensor(zeros({64, 32}), mesh, {Shard{1}})}};
+    checkpoint::load(dir, loaded);
+    EXPECT_TRUE(allclose(loaded.at("w").full_tensor(), w, 0, 0));
+
+    world().barrier();
+    if (rank() == 0) {  // a valid frame of the wrong size, with its CRC-32 made to match in the metadata
+      const std::vector<char> frame = checkpoint::detail::zstd_compress("abc", 3, 1);
+      std::ofstream(chunk, std::ios::binary | std::ios::trunc).write(frame.data(), static_cast<std::streamsize>(frame.size()));
+      std::string fixed = text;
+      const std::string crc_key = "\"c.0.0\": ";
+      const size_t at = fixed.find(crc_key) + crc_key.size();
+      fixed.replace(at, fixed.find_first_of(",\n}", at) - at,
+                    std::to_string(checkpoint::detail::crc32_of(frame.data(), static_cast<int64_t>(frame.size()))));
+      std::ofstream(fs::path(dir) / "w" / "zarr.json", std::ios::trunc) << fixed;
+    }
+    world().barrier();
+    EXPECT_TRUE(throws_with<checkpoint::IoError>([&] { checkpoint::load(dir, loaded); },
+                                                 {"[checkpoint::load]", chunk.string(), "does not decompress"}));
+    options.zstd_level = 23;
+    EXPECT_TRUE(throws_with<ValueError>([&] { checkpoint::save(dir, {{"w", distribute_tensor(w, mesh, {Shard{0}})}}, options); },
+                                        {"[checkpoint::save]", "zstd_level 23"}));
+    remove_shared(dir);
+  });
+}
+
 TEST(Checkpoint, LoadNamesWhatIsWrong) {
   for_each_world({2, 3}, [] {
     const DeviceMesh mesh({world_size()}, {"dp"});
-    const std::string dir = shared_dir("errors");
-    const Tensor w = values({6, 4}, 0.3, DType::f64);
+    const std::string dir = shared_dir("checkpoint-errors");
+    const Tensor w = sample_values({6, 4}, 0.3, DType::f64);
     checkpoint::save(dir, {{"w", distribute_tensor(w, mesh, {Shard{0}})}});
     const auto into = [&] { return std::map<std::string, DTensor>{{"w", distribute_tensor(zeros({6, 4}, DType::f64), mesh, {Replicate{}})}}; };
-    const fs::path chunk = fs::path(dir) / "w" / "c" / "0" / "0";
+    const fs::path chunk = fs::path(dir) / "w" / "c.0.0";
 
     // One flipped byte: every rank reads chunk 0 (the target is replicated) and names it.
     world().barrier();
