@@ -3,7 +3,7 @@
 // own, measured in the same run (the goal: >= 0.7). Two shapes of state: one big tensor
 // per rank, and a model-like map of many smaller ones (per-file and metadata costs show there).
 //
-//   tessera_checkpoint_bench [--ranks 4] [--mib 64] [--tensors 1,64] [--zstd 0] [--dir /tmp/...]
+//   tessera_checkpoint_bench [--ranks 4] [--mib 256] [--tensors 1,8,64] [--zstd 0] [--no-sync] [--dir /tmp/...]
 //   mpirun -np 4 tessera_checkpoint_bench
 #include <fcntl.h>
 #include <unistd.h>
@@ -30,10 +30,11 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Options {
-  int64_t mib = 64;                     // bytes per rank, all tensors together
-  std::vector<int64_t> tensors{1, 64};  // how many tensors share them
-  int iters = 7;
+  int64_t mib = 256;                       // bytes per rank, all tensors together
+  std::vector<int64_t> tensors{1, 8, 64};  // how many tensors share them
+  int iters = 5;
   int zstd = 0;
+  bool sync = true;  // save's sync_files, and an fsync after the baseline's write
   std::string dir = "/tmp/tessera-checkpoint-bench";
   std::string json;
   int ranks = 0;
@@ -53,11 +54,12 @@ double timed(F&& body) {
   return elapsed;
 }
 
-// The baseline: this rank's bytes in one write(2) to a new file of its own, and back in one read(2).
-void write_once(const std::string& path, const void* data, size_t bytes) {
+// The baseline: this rank's bytes in one write(2) to a new file of its own (and one fsync when
+// save syncs too), and back in one read(2).
+void write_once(const std::string& path, const void* data, size_t bytes, bool sync) {
   const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY, 0644);
-  TESSERA_CHECK(fd >= 0 && ::write(fd, data, bytes) == static_cast<ssize_t>(bytes), Error, "checkpoint_bench",
-                "cannot write ", path);
+  TESSERA_CHECK(fd >= 0 && ::write(fd, data, bytes) == static_cast<ssize_t>(bytes) && (!sync || ::fsync(fd) == 0),
+                Error, "checkpoint_bench", "cannot write ", path);
   ::close(fd);
 }
 void read_once(const std::string& path, void* data, size_t bytes) {
@@ -72,8 +74,9 @@ void bench(const Options& options, const char* argv0) {
   const DeviceMesh mesh({n}, {"dp"});
   nlohmann::json results = nlohmann::json::array();
   if (rank() == 0) {
-    std::printf("checkpoint throughput per rank, %d ranks (%s), %lld MiB per rank, zstd level %d, dir %s\n", n,
-                bench_util::backend_name(), static_cast<long long>(options.mib), options.zstd, options.dir.c_str());
+    std::printf("checkpoint throughput per rank, %d ranks (%s), %lld MiB per rank, zstd level %d, %s, dir %s\n", n,
+                bench_util::backend_name(), static_cast<long long>(options.mib), options.zstd,
+                options.sync ? "fsync (save and baseline)" : "no fsync", options.dir.c_str());
     std::printf("%-9s %12s %12s %12s %12s %8s %8s\n", "tensors", "write MiB/s", "save MiB/s", "read MiB/s",
                 "load MiB/s", "save/w", "load/r");
   }
@@ -104,11 +107,12 @@ void bench(const Options& options, const char* argv0) {
     world().barrier();
     checkpoint::SaveOptions save_options;
     save_options.zstd_level = options.zstd;
+    save_options.sync_files = options.sync;
     std::vector<double> writes, saves, reads, loads, save_ratios, load_ratios;
     for (int i = -1; i < options.iters; ++i) {  // -1: a warm-up round, not counted
       const std::string path = raw_dir + "/rank" + std::to_string(rank()) + "." + std::to_string(i + 1);
       const std::string step = options.dir + "/step" + std::to_string(i + 1);
-      writes.push_back(timed([&] { write_once(path, buffer.data(), buffer.size()); }));
+      writes.push_back(timed([&] { write_once(path, buffer.data(), buffer.size(), options.sync); }));
       saves.push_back(timed([&] { checkpoint::save(step, state, save_options); }));
       reads.push_back(timed([&] { read_once(path, buffer.data(), buffer.size()); }));
       loads.push_back(timed([&] { checkpoint::load(step, state); }));
@@ -136,7 +140,7 @@ void bench(const Options& options, const char* argv0) {
     }
   }
   if (rank() == 0)
-    bench_util::write_json({{"ranks", n}, {"backend", bench_util::backend_name()}, {"zstd", options.zstd}, {"results", results}},
+    bench_util::write_json({{"ranks", n}, {"backend", bench_util::backend_name()}, {"zstd", options.zstd}, {"sync", options.sync}, {"results", results}},
                            options.json, argv0, "checkpoint_bench");
 }
 
@@ -146,9 +150,10 @@ int main(int argc, char** argv) {
   Options options;
   CLI::App app{"Tessera checkpoints: save / load throughput per rank against one write / read per rank"};
   app.add_option("--mib", options.mib, "bytes per rank, in MiB")->check(CLI::PositiveNumber);
-  app.add_option("--tensors", options.tensors, "numbers of tensors sharing those bytes");
+  app.add_option("--tensors", options.tensors, "numbers of tensors sharing those bytes (comma separated)")->delimiter(',');
   app.add_option("--iters", options.iters, "timed iterations per case (median)")->check(CLI::PositiveNumber);
   app.add_option("--zstd", options.zstd, "zstd level of the chunks (0: raw)");
+  app.add_flag("!--no-sync", options.sync, "neither save nor the baseline fsyncs");
   app.add_option("--dir", options.dir, "where the checkpoint goes (a file system every rank sees)");
   app.add_option("--json", options.json, "JSON output (default: next to the binary)");
   app.add_option("--ranks", options.ranks, "threads backend: number of ranks (read by tessera::run)");

@@ -24,6 +24,11 @@ struct SaveOptions {
   /// Compress each chunk with zstd at this level (Zarr's zstd codec; 1 fastest, 19 smallest);
   /// 0 writes raw chunks.
   int zstd_level = 0;
+  /// fsync every file and directory before the group is renamed into place, and the rename
+  /// after (as torch.distributed.checkpoint's sync_files): a machine that loses power keeps the
+  /// previous checkpoint or the new one whole. Off: a crashed process still does; the page cache
+  /// decides when the bytes reach the disk.
+  bool sync_files = true;
 };
 
 /// Writes `tensors` to the directory `dir` as a Zarr v3 group whose arrays are named by the keys.
@@ -40,8 +45,9 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
 /// Reads the arrays named by the keys of `tensors` from the group at `dir` into each value, in its
 /// own layout (its local block is overwritten in place; it stays the same DTensor; a Partial
 /// value is not accepted). Each rank reads the chunks its block overlaps and checks each chunk's
-/// CRC-32 (raw and zstd chunks alike). A rank may pass keys other ranks do not (none, outside
-/// the meshes of the tensors). Throws ValueError naming the key for a missing array or a shape or dtype that differs
+/// CRC-32 (raw and zstd chunks alike). A value replicated over some mesh dims is read split over
+/// those ranks (each chunk read by one rank of each replica group) and all-gathered. The ranks of
+/// a tensor's mesh pass it under the same key; other ranks need not pass it. Throws ValueError naming the key for a missing array or a shape or dtype that differs
 /// from the value's, and IoError naming the chunk file for a missing, short or corrupt chunk; on
 /// every rank (collective over the world), with the rank that found it named. After a failure
 /// the values may be partly overwritten.

@@ -1,15 +1,18 @@
 // checkpoint::load: every rank reads the chunks its block overlaps, checks their CRC-32 against the
-// metadata, and copies the overlap into its block. No communication but the final agreement.
+// metadata, and copies the overlap into its block. A replicated target is read split over its
+// replicas and all-gathered; otherwise no communication but the agreement on failure.
 #include <tessera/checkpoint/checkpoint.hpp>
 
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
 #include <tessera/checkpoint/detail/chunks.hpp>
 #include <tessera/checkpoint/detail/zarr.hpp>
+#include <tessera/grad/engine.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera::checkpoint {
@@ -111,11 +114,36 @@ void fill_block(const fs::path& array_dir, const detail::ArrayMeta& meta, DTenso
   }
 }
 
+// The layout `layout`'s ranks read in: its replicated mesh dims (of more than one rank) also split
+// a tensor dim, so that replicas read 1/k of the chunks each and an all_gather completes the
+// value; nullopt when nothing is replicated (or no dim can take the split: explicit sizes).
+std::optional<Layout> reading_layout(const Layout& layout) {
+  if (layout.ndim() == 0 || layout.global_shape().numel() == 0) return std::nullopt;
+  std::vector<int64_t> replicated;
+  for (int64_t m = 0; m < layout.mesh().ndim(); ++m)
+    if (is_replicate(layout.placements()[static_cast<size_t>(m)]) && layout.mesh().size(m) > 1) replicated.push_back(m);
+  if (replicated.empty()) return std::nullopt;
+  int64_t dim = -1;  // the largest dim with chunk-sized pieces
+  for (int64_t d = 0; d < layout.ndim(); ++d)
+    if (!layout.has_explicit_sizes(d) && (dim < 0 || layout.global_shape()[d] > layout.global_shape()[dim])) dim = d;
+  if (dim < 0) return std::nullopt;
+  Placements placements = layout.placements();
+  ShardOrder orders = layout.shard_orders();
+  std::vector<int64_t> order = layout.shard_order(dim);
+  for (int64_t m : replicated) {
+    placements[static_cast<size_t>(m)] = Shard{dim};
+    order.push_back(m);  // inside the dim's existing split
+  }
+  orders[dim] = order;
+  return Layout(layout.global_shape(), layout.dtype(), layout.mesh(), placements, orders, layout.explicit_sizes());
+}
+
 }  // namespace
 
 void load(const std::string& dir, std::map<std::string, DTensor>& tensors) {
   std::string failure;
   std::exception_ptr error;
+  std::vector<std::pair<DTensor*, DTensor>> gathers;  // values read split, to gather into place
   try {
     for (auto& [key, value] : tensors) {
       detail::check_key(key, "checkpoint::load");
@@ -129,7 +157,17 @@ void load(const std::string& dir, std::map<std::string, DTensor>& tensors) {
       TESSERA_CHECK(meta.shape == value.shape() && meta.dtype == value.dtype(), ValueError, "checkpoint::load",
                     "array '", key, "' is ", meta.shape.to_string(), " ", name(meta.dtype), "; the tensor is ",
                     value.shape().to_string(), " ", name(value.dtype()));
-      fill_block(array_dir, meta, value);
+      // Replicated targets are read split and gathered after (below), each chunk read once per
+      // replica group rather than once per rank.
+      const DeviceMesh& mesh = value.device_mesh();
+      const std::optional<Layout> reading = mesh.is_member() ? reading_layout(value.layout()) : std::nullopt;
+      if (reading) {
+        DTensor split(empty(reading->block(mesh.coordinate()).shape(), value.dtype()), mesh, *reading);
+        fill_block(array_dir, meta, split);
+        gathers.emplace_back(&value, split);
+      } else {
+        fill_block(array_dir, meta, value);
+      }
     }
   } catch (const std::exception& e) {
     failure = e.what();
@@ -137,7 +175,14 @@ void load(const std::string& dir, std::map<std::string, DTensor>& tensors) {
   }
   // Every rank learns whether any failed, so that none goes on alone.
   const std::string all = detail::all_gather_text(failure.empty() ? "" : std::to_string(rank()) + "\t" + failure + "\n");
-  if (all.empty()) return;
+  if (all.empty()) {
+    const autograd::NoGradGuard no_grad;
+    for (auto& [value, split] : gathers) {  // collective over each value's mesh, in key order
+      Tensor local = value->to_local();
+      local.copy_(split.redistribute(value->device_mesh(), value->layout()).to_local());
+    }
+    return;
+  }
   if (error) std::rethrow_exception(error);  // this rank's own error, as it was thrown
   const size_t tab = all.find('\t');
   TESSERA_CHECK(false, IoError, "checkpoint::load", "rank ", all.substr(0, tab), " failed: ",

@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Writes a file in an existing directory.
-void write_file(const fs::path& path, const void* data, int64_t bytes) {
+// Writes a file in an existing directory; with `sync`, on the disk before it returns.
+void write_file(const fs::path& path, const void* data, int64_t bytes, bool sync) {
   // write(2) straight from the tensor's memory: no stream buffer in between.
   const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
   TESSERA_CHECK(fd >= 0, IoError, "checkpoint::save", "cannot create ", path.string(), ": ", std::strerror(errno));
@@ -40,10 +40,27 @@ void write_file(const fs::path& path, const void* data, int64_t bytes) {
     p += written;
     bytes -= written;
   }
+  if (sync && ::fsync(fd) != 0) {
+    const int error = errno;
+    ::close(fd);
+    TESSERA_CHECK(false, IoError, "checkpoint::save", "cannot sync ", path.string(), ": ", std::strerror(error));
+  }
   TESSERA_CHECK(::close(fd) == 0, IoError, "checkpoint::save", "cannot write ", path.string(), ": ", std::strerror(errno));
 }
 
-void write_text(const fs::path& path, const std::string& text) { write_file(path, text.data(), static_cast<int64_t>(text.size())); }
+void write_text(const fs::path& path, const std::string& text, bool sync) {
+  write_file(path, text.data(), static_cast<int64_t>(text.size()), sync);
+}
+
+// A directory's entries on the disk (the files in it, a rename into it).
+void sync_directory(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  TESSERA_CHECK(fd >= 0, IoError, "checkpoint::save", "cannot open directory ", path.string(), ": ", std::strerror(errno));
+  const int synced = ::fsync(fd);
+  const int error = errno;
+  ::close(fd);
+  TESSERA_CHECK(synced == 0, IoError, "checkpoint::save", "cannot sync directory ", path.string(), ": ", std::strerror(error));
+}
 
 // Writes this rank's chunk of `value` (already in plan.layout) if it is the writer; returns
 // "name\tkey\tcrc\n" for the metadata, or "".
@@ -59,10 +76,10 @@ std::string write_chunk(const fs::path& array_dir, const std::string& name, cons
   uint32_t crc = 0;
   if (options.zstd_level > 0) {
     const std::vector<char> stored = detail::zstd_compress(chunk.raw_data(), chunk.nbytes(), options.zstd_level);
-    write_file(array_dir / key, stored.data(), static_cast<int64_t>(stored.size()));
+    write_file(array_dir / key, stored.data(), static_cast<int64_t>(stored.size()), options.sync_files);
     crc = detail::crc32_of(stored.data(), static_cast<int64_t>(stored.size()));
   } else {
-    write_file(array_dir / key, chunk.raw_data(), chunk.nbytes());
+    write_file(array_dir / key, chunk.raw_data(), chunk.nbytes(), options.sync_files);
     crc = detail::crc32_of(chunk.raw_data(), chunk.nbytes());
   }
   std::ostringstream line;
@@ -139,21 +156,24 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
   std::string rename_error;
   if (leader) {
     try {
-      write_text(staging / "zarr.json", detail::group_json());
+      write_text(staging / "zarr.json", detail::group_json(), options.sync_files);
       for (const auto& [name, value] : tensors) {
         detail::ArrayMeta& meta = arrays[name];
         meta.shape = value.shape();
         meta.dtype = value.dtype();
         meta.chunks = chunk_shapes.at(name);
         if (options.zstd_level > 0) meta.zstd_level = options.zstd_level;
-        write_text(staging / name / "zarr.json", detail::array_json(meta));
+        write_text(staging / name / "zarr.json", detail::array_json(meta), options.sync_files);
+        if (options.sync_files) sync_directory(staging / name);  // every rank's chunk files
       }
+      if (options.sync_files) sync_directory(staging);
       // The previous checkpoint is replaced only now, by two renames.
       const fs::path old = target.string() + ".tessera-old";
       std::error_code ec;
       fs::remove_all(old, ec);
       if (fs::exists(target)) fs::rename(target, old);
       fs::rename(staging, target);
+      if (options.sync_files) sync_directory(fs::absolute(target).parent_path());  // the rename itself
       fs::remove_all(old, ec);
     } catch (const std::exception& e) {
       rename_error = e.what();

@@ -176,7 +176,7 @@ TEST(Checkpoint, LoadNamesWhatIsWrong) {
     const auto into = [&] { return std::map<std::string, DTensor>{{"w", distribute_tensor(zeros({6, 4}, DType::f64), mesh, {Replicate{}})}}; };
     const fs::path chunk = fs::path(dir) / "w" / "c.0.0";
 
-    // One flipped byte: every rank reads chunk 0 (the target is replicated) and names it.
+    // One flipped byte: the rank that reads chunk 0 names it, on every rank.
     world().barrier();
     if (rank() == 0) {
       std::fstream f(chunk, std::ios::in | std::ios::out | std::ios::binary);
@@ -209,6 +209,87 @@ TEST(Checkpoint, LoadNamesWhatIsWrong) {
                                         {"[checkpoint::load]", "'w'", "[6, 4] f64", "[6, 5] f64"}));
     EXPECT_TRUE(throws_with<ValueError>([&] { checkpoint::save(dir, {{"a/b", distribute_tensor(w, mesh, {Shard{0}})}}); },
                                         {"[checkpoint::save]", "'a/b'"}));
+    remove_shared(dir);
+  });
+}
+
+// The chunk grid follows the layout: a regular nested split keeps its pieces (chunk = piece,
+// index = mixed-radix over the mesh dims), an irregular one is left whole, explicit sizes become
+// torch.chunk sizes on the same mesh dim, Partial is reduced.
+TEST(Checkpoint, ChunkPlansFollowTheLayout) {
+  const MeshSpec mesh(Shape{2, 4}, {"dp", "tp"});
+  const auto plan = [&](const Shape& shape, Placements p, ShardSizes sizes = {}) {
+    return checkpoint::detail::chunk_plan(Layout(shape, DType::f32, mesh, std::move(p), {}, std::move(sizes)));
+  };
+  const auto nested = plan({16, 5}, {Shard{0}, Shard{0}});
+  EXPECT_EQ(nested.chunks, Shape({2, 5}));
+  EXPECT_EQ(nested.cut_by[0], (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(*checkpoint::detail::chunk_index(nested, {1, 2}), (std::vector<int64_t>{6, 0}));
+  const auto irregular = plan({18, 2}, {Shard{0}, Shard{0}});  // pieces 3 2 3 2 3 2 2 1
+  EXPECT_EQ(irregular.chunks, Shape({18, 2}));
+  EXPECT_TRUE(irregular.cut_by[0].empty());
+  EXPECT_EQ(*checkpoint::detail::chunk_index(irregular, {0, 0}), (std::vector<int64_t>{0, 0}));
+  EXPECT_FALSE(checkpoint::detail::chunk_index(irregular, {0, 1}).has_value());  // a replica
+  const auto sized = plan({7, 3}, {Replicate{}, Shard{0}}, {{0, {1, 4, 0, 2}}});
+  EXPECT_EQ(sized.chunks, Shape({2, 3}));
+  EXPECT_FALSE(sized.layout.has_explicit_sizes(0));
+  EXPECT_FALSE(checkpoint::detail::chunk_index(sized, {1, 0}).has_value());  // dp replica
+  const auto partial = plan({6, 4}, {Partial{}, Shard{1}});
+  EXPECT_FALSE(partial.layout.has_partial());
+  EXPECT_EQ(partial.chunks, Shape({6, 1}));
+}
+
+// Explicit piece sizes (PhysicsNeMo's sharding_shapes, empty pieces too) and a regular nested
+// split are saved as one chunk per piece of the even split, each written once, and load back.
+TEST(Checkpoint, ExplicitSizesAndNestedSplitsSaveTheirPieces) {
+  for_each_world({2, 4, 6}, [] {
+    const int n = world_size();
+    const std::string dir = shared_dir("checkpoint-pieces");
+    const DeviceMesh flat({n}, {"x"});
+    const Tensor whole = sample_values({3 * n + 1, 2}, 0.4, DType::f64);
+    // Every rank holds 3 rows, except that rank 0 holds none and the last holds the rest.
+    std::vector<int64_t> sizes(static_cast<size_t>(n), 3);
+    sizes.front() = 0;
+    sizes.back() = 3 * n + 1 - 3 * (n - 2);
+    int64_t begin = 0;
+    for (int r = 0; r < rank(); ++r) begin += sizes[static_cast<size_t>(r)];
+    FromLocalOptions uneven;
+    uneven.shape = whole.shape();
+    uneven.sizes = {{0, sizes}};
+    const DTensor explicit_sizes = DTensor::from_local(
+        whole.narrow(0, begin, sizes[static_cast<size_t>(rank())]).contiguous(), flat, {Shard{0}}, uneven);
+    std::map<std::string, DTensor> saved{{"sized", explicit_sizes}};
+    if (n % 2 == 0) {
+      const DeviceMesh grid({2, n / 2}, {"dp", "tp"});
+      saved.emplace("nested", distribute_tensor(sample_values({2 * n, 3}, 0.9, DType::f32), grid, {Shard{0}, Shard{0}}));
+    }
+    checkpoint::save(dir, saved);
+    world().barrier();
+    const auto chunk_files = [&](const std::string& key) {
+      int64_t files = 0;
+      for (const auto& entry : fs::directory_iterator(fs::path(dir) / key))
+        files += entry.path().filename().string().rfind("c.", 0) == 0 ? 1 : 0;
+      return files;
+    };
+    const int64_t chunk = (3 * n + 1 + n - 1) / n;  // torch.chunk over n ranks
+    EXPECT_EQ(chunk_files("sized"), (3 * n + 1 + chunk - 1) / chunk);
+    if (n % 2 == 0) EXPECT_EQ(chunk_files("nested"), n);  // one per rank: the pieces are regular
+    std::map<std::string, DTensor> loaded{{"sized", distribute_tensor(zeros(whole.shape(), DType::f64), flat, {Replicate{}})}};
+    if (n % 2 == 0)
+      loaded.emplace("nested", distribute_tensor(zeros({2 * n, 3}), flat, {Shard{1}}));
+    // and into other explicit sizes: the last rank holds none, rank 0 the rest
+    std::vector<int64_t> other(sizes.rbegin(), sizes.rend());
+    FromLocalOptions reversed;
+    reversed.shape = whole.shape();
+    reversed.sizes = {{0, other}};
+    std::map<std::string, DTensor> again{
+        {"sized", DTensor::from_local(zeros({other[static_cast<size_t>(rank())], 2}, DType::f64), flat, {Shard{0}}, reversed)}};
+    checkpoint::load(dir, loaded);
+    checkpoint::load(dir, again);
+    EXPECT_TRUE(equal(loaded.at("sized").full_tensor(), whole));
+    EXPECT_TRUE(equal(again.at("sized").full_tensor(), whole));
+    EXPECT_EQ(again.at("sized").to_local().shape()[0], other[static_cast<size_t>(rank())]);
+    if (n % 2 == 0) EXPECT_TRUE(equal(loaded.at("nested").full_tensor(), sample_values({2 * n, 3}, 0.9, DType::f32)));
     remove_shared(dir);
   });
 }

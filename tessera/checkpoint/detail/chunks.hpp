@@ -1,8 +1,8 @@
 #pragma once
 // How a DTensor maps onto a Zarr chunk grid: the chunk-aligned layout save moves it to (each
-// sharded dim cut by one mesh dim, torch.chunk pieces: chunk size ceil(L / k), so block i is
-// chunk i), which rank writes which chunk, and the chunk's bytes (edge chunks padded to the full
-// chunk shape, as Zarr stores them).
+// sharded dim cut into torch.chunk pieces of one size c, so that the piece with mixed-radix
+// index i over its mesh dims is chunk i), which rank writes which chunk, and the chunk's bytes
+// (edge chunks padded to the full chunk shape, as Zarr stores them).
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,11 +18,12 @@ namespace checkpoint::detail {
 struct ChunkPlan {
   Layout layout;                // chunk-aligned
   Shape chunks;                 // chunk shape
-  std::vector<int64_t> cut_by;  // per tensor dim, the mesh dim cutting it (-1: whole)
+  std::vector<std::vector<int64_t>> cut_by;  // per tensor dim, the mesh dims cutting it, outermost first (none: whole)
 };
 
-/// The chunk-aligned layout nearest `layout`: Partial reduced; a dim split by several mesh dims
-/// or into explicit sizes left whole; every other split kept.
+/// The chunk-aligned layout nearest `layout`: Partial reduced; explicit piece sizes replaced by
+/// torch.chunk sizes on the same mesh dims; a split over several mesh dims kept when its pieces
+/// are regular (one size, then one shorter piece at most, then empty ones), else left whole.
 ChunkPlan chunk_plan(const Layout& layout);
 /// The grid index of the chunk the rank at `coordinate` writes, or nullopt: a replica (not
 /// coordinate 0 on a mesh dim that cuts nothing) or an empty piece.
