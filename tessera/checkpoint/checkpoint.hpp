@@ -24,9 +24,10 @@ struct SaveOptions {
   /// Compress each chunk with zstd at this level (Zarr's zstd codec; 1 fastest, 19 smallest);
   /// 0 writes raw chunks.
   int zstd_level = 0;
-  /// fsync every file and directory before the group is renamed into place, and the rename
-  /// after (as torch.distributed.checkpoint's sync_files): a machine that loses power keeps the
-  /// previous checkpoint or the new one whole. Off: a crashed process still does; the page cache
+  /// Put every file and directory on the disk before the group is renamed into place, and the
+  /// rename after (as torch.distributed.checkpoint's sync_files): a machine that loses power
+  /// keeps the previous checkpoint or the new one whole. Each rank syncs its writes at once
+  /// (syncfs), not file by file. Off: a crashed process still leaves one whole; the page cache
   /// decides when the bytes reach the disk.
   bool sync_files = true;
 };

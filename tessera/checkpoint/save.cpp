@@ -52,11 +52,13 @@ void write_text(const fs::path& path, const std::string& text, bool sync) {
   write_file(path, text.data(), static_cast<int64_t>(text.size()), sync);
 }
 
-// A directory's entries on the disk (the files in it, a rename into it).
-void sync_directory(const fs::path& path) {
+// A directory's entries on the disk (the files in it, a rename into it); with `whole_file_system`,
+// everything this machine wrote to the file system holding it (syncfs: one call for many files,
+// where an fsync per file would commit the journal once per file).
+void sync_directory(const fs::path& path, bool whole_file_system = false) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   TESSERA_CHECK(fd >= 0, IoError, "checkpoint::save", "cannot open directory ", path.string(), ": ", std::strerror(errno));
-  const int synced = ::fsync(fd);
+  const int synced = whole_file_system ? ::syncfs(fd) : ::fsync(fd);
   const int error = errno;
   ::close(fd);
   TESSERA_CHECK(synced == 0, IoError, "checkpoint::save", "cannot sync directory ", path.string(), ": ", std::strerror(error));
@@ -76,10 +78,10 @@ std::string write_chunk(const fs::path& array_dir, const std::string& name, cons
   uint32_t crc = 0;
   if (options.zstd_level > 0) {
     const std::vector<char> stored = detail::zstd_compress(chunk.raw_data(), chunk.nbytes(), options.zstd_level);
-    write_file(array_dir / key, stored.data(), static_cast<int64_t>(stored.size()), options.sync_files);
+    write_file(array_dir / key, stored.data(), static_cast<int64_t>(stored.size()), false);
     crc = detail::crc32_of(stored.data(), static_cast<int64_t>(stored.size()));
   } else {
-    write_file(array_dir / key, chunk.raw_data(), chunk.nbytes(), options.sync_files);
+    write_file(array_dir / key, chunk.raw_data(), chunk.nbytes(), false);
     crc = detail::crc32_of(chunk.raw_data(), chunk.nbytes());
   }
   std::ostringstream line;
@@ -120,6 +122,7 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
       lines += write_chunk(staging / name, name, aligned, plan, options);
       detail::save_fault_point();
     }
+    if (options.sync_files) sync_directory(staging, true);  // this rank's chunks, all at once
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -142,30 +145,44 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
     std::getline(fields, crc, '\t');
     arrays[name].checksums[key] = static_cast<uint32_t>(std::stoul(crc));
   }
-  if (!first_failure.empty()) {
+  // A failure anywhere: the staged group goes, the previous checkpoint stays, every rank throws.
+  const auto abandon_if = [&](const std::string& failure_line) {
+    if (failure_line.empty()) return;
     if (leader) {
       std::error_code ec;
       fs::remove_all(staging, ec);
     }
     world().barrier();
-    const size_t tab = first_failure.find('\t');
-    TESSERA_CHECK(false, IoError, "checkpoint::save", "rank ", first_failure.substr(0, tab), " failed: ",
-                  first_failure.substr(tab + 1), "; ", target.string(), " is unchanged");
+    const size_t tab = failure_line.find('\t');
+    TESSERA_CHECK(false, IoError, "checkpoint::save", "rank ", failure_line.substr(0, tab), " failed: ",
+                  failure_line.substr(tab + 1, failure_line.find('\n') - tab - 1), "; ", target.string(), " is unchanged");
+  };
+  abandon_if(first_failure);
+
+  // The arrays' metadata, spread over the ranks (array i by rank i mod n): where creating and
+  // syncing a file costs a millisecond, one rank writing them all would take most of the save.
+  std::string meta_failure;
+  try {
+    int64_t i = 0;
+    for (const auto& [name, value] : tensors) {
+      if (i++ % world_size() != rank()) continue;
+      detail::ArrayMeta& meta = arrays[name];
+      meta.shape = value.shape();
+      meta.dtype = value.dtype();
+      meta.chunks = chunk_shapes.at(name);
+      if (options.zstd_level > 0) meta.zstd_level = options.zstd_level;
+      write_text(staging / name / "zarr.json", detail::array_json(meta), false);
+    }
+    if (options.sync_files) sync_directory(staging, true);  // this rank's metadata and every directory entry
+  } catch (const std::exception& e) {
+    meta_failure = std::to_string(rank()) + "\t" + e.what() + "\n";
   }
+  abandon_if(detail::all_gather_text(meta_failure));
 
   std::string rename_error;
   if (leader) {
     try {
       write_text(staging / "zarr.json", detail::group_json(), options.sync_files);
-      for (const auto& [name, value] : tensors) {
-        detail::ArrayMeta& meta = arrays[name];
-        meta.shape = value.shape();
-        meta.dtype = value.dtype();
-        meta.chunks = chunk_shapes.at(name);
-        if (options.zstd_level > 0) meta.zstd_level = options.zstd_level;
-        write_text(staging / name / "zarr.json", detail::array_json(meta), options.sync_files);
-        if (options.sync_files) sync_directory(staging / name);  // every rank's chunk files
-      }
       if (options.sync_files) sync_directory(staging);
       // The previous checkpoint is replaced only now, by two renames.
       const fs::path old = target.string() + ".tessera-old";
