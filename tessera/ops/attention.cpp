@@ -57,6 +57,66 @@ Shape batch_of(const Shape& s) {
   return b;
 }
 
+// Element offset of each batch entry (row-major over the batch dims) in a tensor with these strides.
+std::vector<int64_t> offsets_of_batches(const Shape& shape, const Strides& strides) {
+  std::vector<int64_t> offsets{0};
+  for (int64_t d = 0; d + 2 < shape.size(); ++d) {
+    std::vector<int64_t> next;
+    for (int64_t base : offsets)
+      for (int64_t i = 0; i < shape[d]; ++i) next.push_back(base + i * strides[d]);
+    offsets = std::move(next);
+  }
+  return offsets;
+}
+
+// An operand [batch..., rows, cols] as the kernels read (or write) it: per batch entry a row-major
+// matrix with leading dimension `ld`. Heads split off a [b, s, h, d] tensor by a permute are read
+// in place (ld = h * d), with no copy.
+template <class T>
+struct Matrices {
+  T* data;
+  std::vector<int64_t> offsets;
+  int64_t ld;
+  T* operator[](int64_t b) const { return data + offsets[static_cast<size_t>(b)]; }
+};
+
+template <class C, class Tn>
+auto matrices(Tn& t) {
+  using T = std::conditional_t<std::is_const_v<Tn>, const C, C>;
+  const int64_t nd = t.ndim();
+  const int64_t cols = t.shape()[nd - 1];
+  T* data;
+  if constexpr (std::is_const_v<Tn>) data = t.template data<C>();
+  else data = t.template data<C>();
+  return Matrices<T>{data, offsets_of_batches(t.shape(), t.strides()), std::max(t.strides()[nd - 2], std::max<int64_t>(cols, 1))};
+}
+
+// Whether the kernels can read `t` in place: rows contiguous and apart (BLAS needs ld >= cols).
+bool readable_in_place(const Tensor& t) {
+  const int64_t nd = t.ndim();
+  const int64_t rows = t.shape()[nd - 2], cols = t.shape()[nd - 1];
+  return (cols <= 1 || t.strides()[nd - 1] == 1) && (rows <= 1 || t.strides()[nd - 2] >= cols);
+}
+
+// A tensor of `shape` laid out in the dim order of `like` (its strides' order): gradients and
+// outputs of operands read in place come out in their operands' layout, so that the permute
+// back to [b, s, h, d] is a view again.
+Tensor empty_in_order_of(const Shape& shape, DType dtype, const Tensor& like, bool zeroed) {
+  const int64_t nd = shape.size();
+  std::vector<int64_t> order(static_cast<size_t>(nd));
+  for (int64_t d = 0; d < nd; ++d) order[static_cast<size_t>(d)] = d;
+  const Strides& st = like.strides();
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return st[a] > st[b]; });
+  order.erase(std::remove(order.begin(), order.end(), nd - 1), order.end());  // the last dim stays innermost
+  order.push_back(nd - 1);
+  DimVector permuted;
+  for (int64_t d : order) permuted.push_back(shape[d]);
+  const Tensor storage = zeroed ? zeros(Shape(permuted), dtype) : empty(Shape(permuted), dtype);
+  std::vector<int64_t> inverse(static_cast<size_t>(nd));
+  for (int64_t i = 0; i < nd; ++i) inverse[static_cast<size_t>(order[static_cast<size_t>(i)])] = i;
+  return storage.permute(inverse);
+}
+
 // The scores [batch..., L, S] of q [batch..., L, E] and k [batch..., S, E], one batch entry and
 // one tile at a time: scale * Q K^T, then the causal mask and the attention mask, as -inf (masked)
 // or added values.
@@ -95,9 +155,9 @@ class Scores {
   }
 
   // tile[r, c] for rows i0.., columns j0..: scale * q_r . k_c, masked.
-  void fill(int64_t b, const C* q, const C* k, int64_t e, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
-            C* tile) const {
-    gemm(false, true, rows, cols, e, static_cast<C>(call_.scale), q + i0 * e, e, k + j0 * e, e, C(0), tile, cols);
+  void fill(int64_t b, const C* q, int64_t ldq, const C* k, int64_t ldk, int64_t e, int64_t i0, int64_t rows,
+            int64_t j0, int64_t cols, C* tile) const {
+    gemm(false, true, rows, cols, e, static_cast<C>(call_.scale), q + i0 * ldq, ldq, k + j0 * ldk, ldk, C(0), tile, cols);
     const C minus_inf = -std::numeric_limits<C>::infinity();
     if (call_.is_causal) {
       for (int64_t r = 0; r < rows; ++r) std::fill(tile + r * cols + live(i0 + r, j0, cols), tile + (r + 1) * cols, minus_inf);
@@ -141,18 +201,6 @@ class Scores {
   int64_t S() const { return S_; }
 
  private:
-  // Element offset of each batch entry in a tensor with these strides.
-  static std::vector<int64_t> offsets_of_batches(const Shape& shape, const Strides& strides) {
-    std::vector<int64_t> offsets{0};
-    for (int64_t d = 0; d + 2 < shape.size(); ++d) {
-      std::vector<int64_t> next;
-      for (int64_t base : offsets)
-        for (int64_t i = 0; i < shape[d]; ++i) next.push_back(base + i * strides[d]);
-      offsets = std::move(next);
-    }
-    return offsets;
-  }
-
   const detail::AttentionCall& call_;
   Shape shape_;
   int64_t nd_, L_, S_;
@@ -168,17 +216,16 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
                     Tensor& lse) {
   const Scores<C> scores(call, q.shape(), k.shape());
   const int64_t L = scores.L(), S = scores.S(), E = q.shape()[q.ndim() - 1], F = v.shape()[v.ndim() - 1];
-  const C* qd = q.data<C>();
-  const C* kd = k.data<C>();
-  const C* vd = v.data<C>();
-  C* od = out.data<C>();
+  const auto qm = matrices<C>(q), km = matrices<C>(k), vm = matrices<C>(v);
+  const auto om = matrices<C>(out);
   C* ld = lse.data<C>();
   const C minus_inf = -std::numeric_limits<C>::infinity();
   std::vector<C> tile(static_cast<size_t>(kRows * kCols)), m(kRows), l(kRows), acc(static_cast<size_t>(kRows * F));
   for (int64_t b = 0; b < scores.batches(); ++b) {
-    const C* qb = qd + b * L * E;
-    const C* kb = kd + b * S * E;
-    const C* vb = vd + b * S * F;
+    const C* qb = qm[b];
+    const C* kb = km[b];
+    const C* vb = vm[b];
+    C* ob = om[b];
     for (int64_t i0 = 0; i0 < L; i0 += kRows) {
       const int64_t rows = std::min(kRows, L - i0);
       std::fill(m.begin(), m.end(), minus_inf);
@@ -186,7 +233,7 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
       std::fill(acc.begin(), acc.end(), C(0));
       for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
         const int64_t cols = std::min(kCols, S - j0);
-        scores.fill(b, qb, kb, E, i0, rows, j0, cols, tile.data());
+        scores.fill(b, qb, qm.ld, kb, km.ld, E, i0, rows, j0, cols, tile.data());
         const Tensor keep = scores.keep(b, i0, rows, j0, cols);
         for (int64_t r = 0; r < rows; ++r) {
           C* row = tile.data() + r * cols;
@@ -212,11 +259,11 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
             for (int64_t c = 0; c < cols; ++c) row[c] = z[c] ? row[c] * scores.keep_scale() : C(0);
           }
         }
-        gemm(false, false, rows, F, cols, C(1), tile.data(), cols, vb + j0 * F, F, C(1), acc.data(), F);
+        gemm(false, false, rows, F, cols, C(1), tile.data(), cols, vb + j0 * vm.ld, vm.ld, C(1), acc.data(), F);
       }
       for (int64_t r = 0; r < rows; ++r) {
         // A row with every score masked has l = 0: 0/0 = NaN, as softmax gives.
-        for (int64_t f = 0; f < F; ++f) od[(b * L + i0 + r) * F + f] = acc[r * F + f] / l[r];
+        for (int64_t f = 0; f < F; ++f) ob[(i0 + r) * om.ld + f] = acc[r * F + f] / l[r];
         ld[b * L + i0 + r] = m[r] + std::log(l[r]);
       }
     }
@@ -229,27 +276,29 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
   const Scores<C> scores(call, q.shape(), k.shape());
   const int64_t L = scores.L(), S = scores.S(), E = q.shape()[q.ndim() - 1], F = v.shape()[v.ndim() - 1];
   const C scale = static_cast<C>(call.scale);
+  const auto qm = matrices<C>(q), km = matrices<C>(k), vm = matrices<C>(v), gm = matrices<C>(g), om = matrices<C>(out);
+  const auto dqm = matrices<C>(dq), dkm = matrices<C>(dk), dvm = matrices<C>(dv);
   std::vector<C> p(static_cast<size_t>(kRows * kCols)), dp(p.size()), dropped(p.size()), D(kRows);
   for (int64_t b = 0; b < scores.batches(); ++b) {
-    const C* qb = q.data<C>() + b * L * E;
-    const C* kb = k.data<C>() + b * S * E;
-    const C* vb = v.data<C>() + b * S * F;
-    const C* gb = g.data<C>() + b * L * F;
-    const C* ob = out.data<C>() + b * L * F;
+    const C* qb = qm[b];
+    const C* kb = km[b];
+    const C* vb = vm[b];
+    const C* gb = gm[b];
+    const C* ob = om[b];
     const C* lb = lse.data<C>() + b * L;
-    C* dqb = dq.data<C>() + b * L * E;
-    C* dkb = dk.data<C>() + b * S * E;
-    C* dvb = dv.data<C>() + b * S * F;
+    C* dqb = dqm[b];
+    C* dkb = dkm[b];
+    C* dvb = dvm[b];
     for (int64_t i0 = 0; i0 < L; i0 += kRows) {
       const int64_t rows = std::min(kRows, L - i0);
       for (int64_t r = 0; r < rows; ++r) {
         C total = 0;
-        for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * F + f] * ob[(i0 + r) * F + f];
+        for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * gm.ld + f] * ob[(i0 + r) * om.ld + f];
         D[r] = total;
       }
       for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
         const int64_t cols = std::min(kCols, S - j0);
-        scores.fill(b, qb, kb, E, i0, rows, j0, cols, p.data());
+        scores.fill(b, qb, qm.ld, kb, km.ld, E, i0, rows, j0, cols, p.data());
         for (int64_t r = 0; r < rows; ++r) {
           C* row = p.data() + r * cols;
           const int64_t live = scores.live(i0 + r, j0, cols);
@@ -259,7 +308,7 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
         }
         const Tensor keep = scores.keep(b, i0, rows, j0, cols);
         // dP (of the dropped weights) = dO_i V_j^T.
-        gemm(false, true, rows, cols, F, C(1), gb + i0 * F, F, vb + j0 * F, F, C(0), dp.data(), cols);
+        gemm(false, true, rows, cols, F, C(1), gb + i0 * gm.ld, gm.ld, vb + j0 * vm.ld, vm.ld, C(0), dp.data(), cols);
         if (keep.defined()) {
           // dV_j += (P Z/(1-p))^T dO_i.
           const bool* z = keep.data<bool>();
@@ -268,22 +317,26 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
             dropped[i] = p[i] * factor;
             dp[i] *= factor;
           }
-          gemm(true, false, cols, F, rows, C(1), dropped.data(), cols, gb + i0 * F, F, C(1), dvb + j0 * F, F);
+          gemm(true, false, cols, F, rows, C(1), dropped.data(), cols, gb + i0 * gm.ld, gm.ld, C(1), dvb + j0 * dvm.ld, dvm.ld);
         } else {
-          gemm(true, false, cols, F, rows, C(1), p.data(), cols, gb + i0 * F, F, C(1), dvb + j0 * F, F);
+          gemm(true, false, cols, F, rows, C(1), p.data(), cols, gb + i0 * gm.ld, gm.ld, C(1), dvb + j0 * dvm.ld, dvm.ld);
         }
         // dS = P * (dP - D_i), into dp.
         for (int64_t r = 0; r < rows; ++r)
           for (int64_t c = 0; c < cols; ++c) dp[r * cols + c] = p[r * cols + c] * (dp[r * cols + c] - D[r]);
-        gemm(false, false, rows, E, cols, scale, dp.data(), cols, kb + j0 * E, E, C(1), dqb + i0 * E, E);
-        gemm(true, false, cols, E, rows, scale, dp.data(), cols, qb + i0 * E, E, C(1), dkb + j0 * E, E);
+        gemm(false, false, rows, E, cols, scale, dp.data(), cols, kb + j0 * km.ld, km.ld, C(1), dqb + i0 * dqm.ld, dqm.ld);
+        gemm(true, false, cols, E, rows, scale, dp.data(), cols, qb + i0 * qm.ld, qm.ld, C(1), dkb + j0 * dkm.ld, dkm.ld);
       }
     }
   }
 }
 
-// The operand in the compute dtype, contiguous.
-Tensor compute_copy(const Tensor& t) { return t.to(compute_dtype(t.dtype())).contiguous(); }
+// The operand in the compute dtype, as the kernels can read it: itself when it already is (a
+// permuted view of heads included), else a contiguous copy.
+Tensor compute_copy(const Tensor& t) {
+  const Tensor c = t.to(compute_dtype(t.dtype()));
+  return readable_in_place(c) ? c : c.contiguous();
+}
 
 }  // namespace
 
@@ -350,7 +403,7 @@ Tensor detail::attention_forward(const Tensor& q, const Tensor& k, const Tensor&
   const DType c = qc.dtype();
   Shape out_shape = q.shape();
   out_shape[out_shape.size() - 1] = v.shape()[v.ndim() - 1];
-  Tensor out = empty(out_shape, c);
+  Tensor out = empty_in_order_of(out_shape, c, qc, false);
   Shape lse_shape = batch_of(q.shape());
   lse_shape.push_back(q.shape()[q.ndim() - 2]);
   lse = empty(lse_shape, c);
@@ -364,7 +417,8 @@ std::array<Tensor, 3> detail::attention_backward(const Tensor& g, const Tensor& 
   const Tensor gc = compute_copy(g), qc = compute_copy(q), kc = compute_copy(k), vc = compute_copy(v),
                oc = compute_copy(out);
   const DType c = qc.dtype();
-  Tensor dq = zeros(q.shape(), c), dk = zeros(k.shape(), c), dv = zeros(v.shape(), c);
+  Tensor dq = empty_in_order_of(q.shape(), c, qc, true), dk = empty_in_order_of(k.shape(), c, kc, true),
+         dv = empty_in_order_of(v.shape(), c, vc, true);
   if (c == DType::f64) backward_kernel<double>(gc, qc, kc, vc, oc, lse, call, dq, dk, dv);
   else backward_kernel<float>(gc, qc, kc, vc, oc, lse, call, dq, dk, dv);
   return {dq.to(q.dtype()), dk.to(k.dtype()), dv.to(v.dtype())};

@@ -38,6 +38,7 @@ DTensor partial_of(const Tensor& whole, const DeviceMesh& mesh, Placements place
 }  // namespace
 
 TEST(ReducePartials, EqualsRedistributeInOneCollectivePerGroup) {
+  if (under_mpi() && world_size() % 2 != 0) GTEST_SKIP() << "a 2 x n/2 mesh needs an even world";
   for_each_world({4, 6}, [] {
     const DeviceMesh mesh({2, world_size() / 2}, {"dp", "tp"});
     const Tensor a = wave({7, 3}, 0.1), b = wave({5}, 0.2), c = wave({4, 2}, 0.3), d = wave({3}, 0.4, DType::f32);

@@ -158,3 +158,32 @@ TEST(AttentionErrors, EachDocumentedError) {
                                       {op, "attn_mask requires a gradient"}));
   EXPECT_TRUE(throws_with<ValueError>([&] { scaled_dot_product_attention(q, Tensor(), v); }, {op, "undefined"}));
 }
+
+// Heads split off [b, s, h, d] by a permute are read in place: the output and the gradients equal
+// those of contiguous operands, and the output comes out in q's layout, so that permuting back to
+// [b, s, h, d] is a view.
+TEST(Attention, ReadsPermutedHeadsInPlace) {
+  const auto heads = [](const Tensor& t) { return t.permute({0, 2, 1, 3}); };  // [b, s, h, d] -> [b, h, s, d]
+  for (const bool causal : {false, true}) {
+    const Tensor q_bshd = values({2, 70, 3, 8}, 1), k_bshd = values({2, 150, 3, 8}, 2), v_bshd = values({2, 150, 3, 5}, 3);
+    Tensor q = heads(q_bshd).detach(), k = heads(k_bshd).detach(), v = heads(v_bshd).detach();
+    ASSERT_FALSE(q.is_contiguous());
+    q.requires_grad_();
+    k.requires_grad_();
+    v.requires_grad_();
+    Tensor qc = q.contiguous().detach(), kc = k.contiguous().detach(), vc = v.contiguous().detach();
+    qc.requires_grad_();
+    kc.requires_grad_();
+    vc.requires_grad_();
+    const Tensor out = scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, causal);
+    const Tensor expected = scaled_dot_product_attention(qc, kc, vc, std::nullopt, 0.0, causal);
+    EXPECT_TRUE(allclose(out, expected, 1e-6, 1e-6)) << "causal " << causal;
+    EXPECT_TRUE(heads(out).is_contiguous());
+    const Tensor g = heads(values({2, 70, 3, 5}, 4));
+    out.backward(g);
+    expected.backward(g.contiguous());
+    EXPECT_TRUE(allclose(q.grad(), qc.grad(), 1e-5, 1e-6));
+    EXPECT_TRUE(allclose(k.grad(), kc.grad(), 1e-5, 1e-6));
+    EXPECT_TRUE(allclose(v.grad(), vc.grad(), 1e-5, 1e-6));
+  }
+}
