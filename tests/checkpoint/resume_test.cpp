@@ -4,7 +4,6 @@
 // the other way round) it continues as the unsharded run does, to rounding.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -23,7 +22,6 @@
 
 using namespace tessera;
 using namespace tessera::testing;
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -32,16 +30,19 @@ struct Training {
   DeviceMesh mesh;
   Placements data;
   std::unique_ptr<nn::TransformerLM> model;
-  std::unique_ptr<nn::AdamW> optimizer;
+  std::unique_ptr<nn::Optimizer> optimizer;
 };
 
 using ParallelPlan = std::function<void(nn::TransformerLM&)>;
 
-Training make_run(const DeviceMesh& mesh, const Placements& data, const ParallelPlan& plan, uint64_t seed) {
+// AdamW, or SGD with momentum and weight decay.
+Training make_run(const DeviceMesh& mesh, const Placements& data, const ParallelPlan& plan, uint64_t seed,
+                  bool sgd = false) {
   manual_seed(seed);
   Training run{mesh, data, std::make_unique<nn::TransformerLM>(mesh, tiny()), nullptr};
   plan(*run.model);
-  run.optimizer = std::make_unique<nn::AdamW>(run.model->parameters(), 0.01, 0.9, 0.99, 1e-8, 0.01);
+  if (sgd) run.optimizer = std::make_unique<nn::SGD>(run.model->parameters(), 0.05, 0.9, 0.01);
+  else run.optimizer = std::make_unique<nn::AdamW>(run.model->parameters(), 0.01, 0.9, 0.99, 1e-8, 0.01);
   return run;
 }
 
@@ -62,8 +63,10 @@ void fsdp_per_block(nn::TransformerLM& m, const std::string& axis) {
   nn::fully_shard(m, axis);
 }
 
+int64_t adamw_steps(const Training& run) { return dynamic_cast<const nn::AdamW&>(*run.optimizer).steps(); }
+
 // The plan a test saves under: TP x FSDP on a 2 x n/2 mesh when the world allows, else FSDP.
-Training saving_run(uint64_t seed) {
+Training saving_run(uint64_t seed, bool sgd = false) {
   const int n = world_size();
   if (n % 2 == 0 && n >= 4) {
     return make_run(DeviceMesh({2, n / 2}, {"dp", "tp"}), {Shard{0}, Replicate{}},
@@ -71,9 +74,10 @@ Training saving_run(uint64_t seed) {
                       nn::parallelize_module(m, "tp", nn::transformer_tp_plan(true));
                       fsdp_per_block(m, "dp");
                     },
-                    seed);
+                    seed, sgd);
   }
-  return make_run(DeviceMesh({n}, {"dp"}), {Shard{0}}, [](nn::TransformerLM& m) { fsdp_per_block(m, "dp"); }, seed);
+  return make_run(DeviceMesh({n}, {"dp"}), {Shard{0}}, [](nn::TransformerLM& m) { fsdp_per_block(m, "dp"); }, seed,
+                  sgd);
 }
 
 void save_run(const std::string& dir, Training& run) { checkpoint::save(dir, nn::get_state_dict(*run.model, *run.optimizer)); }
@@ -87,30 +91,38 @@ void load_run(const std::string& dir, Training& run) {
 }  // namespace
 
 // Two steps, a checkpoint, a fresh model and optimizer (other initial values) loaded from it, two
-// more steps: every parameter and moment equals, bit for bit, those of four steps without a stop.
+// more steps: every parameter and optimizer state (AdamW's moments and step, SGD's momentum)
+// equals, bit for bit, those of four steps without a stop.
 TEST(Resume, ContinuesBitIdenticallyOnTheSameMeshAndPlan) {
   for_each_world({2, 3, 4, 6}, [] {
-    const std::string dir = shared_dir("resume-same");
-    Training straight = saving_run(7);
-    train(straight, 0, 4);
+    for (const bool sgd : {false, true}) {  // AdamW (moments, step), SGD (momentum buffers)
+      SCOPED_TRACE(sgd ? "SGD" : "AdamW");
+      const std::string dir = shared_dir("resume-same");
+      Training straight = saving_run(7, sgd);
+      train(straight, 0, 4);
 
-    Training first = saving_run(7);
-    train(first, 0, 2);
-    save_run(dir, first);
-    Training resumed = saving_run(99);  // other initial parameters: everything must come from the file
-    load_run(dir, resumed);
-    EXPECT_EQ(resumed.optimizer->steps(), 2);
-    train(resumed, 2, 2);
+      Training first = saving_run(7, sgd);
+      train(first, 0, 2);
+      save_run(dir, first);
+      Training resumed = saving_run(99, sgd);  // other initial parameters: everything must come from the file
+      load_run(dir, resumed);
+      if (!sgd) {
+        EXPECT_EQ(adamw_steps(resumed), 2);
+      }
+      train(resumed, 2, 2);
 
-    const auto expected = nn::get_state_dict(*straight.model, *straight.optimizer);
-    const auto got = nn::get_state_dict(*resumed.model, *resumed.optimizer);
-    ASSERT_EQ(got.size(), expected.size());
-    for (const auto& [key, value] : expected) {
-      ASSERT_TRUE(got.count(key)) << key;
-      EXPECT_TRUE(equal(got.at(key).full_tensor(), value.full_tensor())) << key << " differs after resuming";
+      const auto expected = nn::get_state_dict(*straight.model, *straight.optimizer);
+      const auto got = nn::get_state_dict(*resumed.model, *resumed.optimizer);
+      ASSERT_EQ(got.size(), expected.size());
+      for (const auto& [key, value] : expected) {
+        ASSERT_TRUE(got.count(key)) << key;
+        EXPECT_TRUE(equal(got.at(key).full_tensor(), value.full_tensor())) << key << " differs after resuming";
+      }
+      if (sgd) {
+        EXPECT_TRUE(got.count("optim.blocks.0.mlp.fc1.weight.momentum_buffer"));
+      }
+      remove_shared(dir);
     }
-    world().barrier();
-    if (rank() == 0) fs::remove_all(dir);
   });
 }
 
@@ -153,7 +165,7 @@ TEST(Resume, ContinuesOnAnotherMeshAndPlan) {
       }
       Training resumed = make_run(target.mesh, target.data, target.plan, 99);
       load_run(dir, resumed);
-      EXPECT_EQ(resumed.optimizer->steps(), 2);
+      EXPECT_EQ(adamw_steps(resumed), 2);
       train(resumed, 2, 2);
       const auto expected = reference.model->named_parameters();
       const auto got = resumed.model->named_parameters();
@@ -161,8 +173,7 @@ TEST(Resume, ContinuesOnAnotherMeshAndPlan) {
         EXPECT_TRUE(allclose(got[i].second->full_tensor(), expected[i].second->full_tensor(), 1e-8, 1e-10))
             << got[i].first;
     }
-    world().barrier();
-    if (rank() == 0) fs::remove_all(dir);
+    remove_shared(dir);
   });
 }
 
