@@ -81,15 +81,15 @@ void set_state_dict(Module& module, Optimizer& optimizer, const std::map<std::st
   }
   // The module's entries are checked before the optimizer writes anything (each checks its own
   // before writing): a bad state leaves both as they were.
-  for (auto& [path, p] : module.named_parameters()) {
+  const auto named = module.named_parameters();
+  for (const auto& [path, p] : named) {
     const auto it = parameters.find(path);
     TESSERA_CHECK(it != parameters.end(), ValueError, "set_state_dict", "missing entry '", kModel, path, "'");
     TESSERA_CHECK(it->second.shape() == p->shape(), ValueError, "set_state_dict", "entry '", kModel, path,
                   "' has shape ", it->second.shape().to_string(), "; the parameter has ", p->shape().to_string());
   }
-  TESSERA_CHECK(parameters.size() == module.named_parameters().size(), ValueError, "set_state_dict",
-                "unexpected model entries: the module has ", module.named_parameters().size(), " parameters, the state ",
-                parameters.size());
+  TESSERA_CHECK(parameters.size() == named.size(), ValueError, "set_state_dict",
+                "unexpected model entries: the module has ", named.size(), " parameters, the state ", parameters.size());
   for (const auto& [name, index] : by_name)
     TESSERA_CHECK(optim.count(index) != 0, ValueError, "set_state_dict", "missing entry '", kOptim, name, "'");
   optimizer.load_state_dict(optim);

@@ -85,9 +85,7 @@ auto matrices(Tn& t) {
   using T = std::conditional_t<std::is_const_v<Tn>, const C, C>;
   const int64_t nd = t.ndim();
   const int64_t cols = t.shape()[nd - 1];
-  T* data;
-  if constexpr (std::is_const_v<Tn>) data = t.template data<C>();
-  else data = t.template data<C>();
+  T* data = t.template data<C>();
   return Matrices<T>{data, offsets_of_batches(t.shape(), t.strides()), std::max(t.strides()[nd - 2], std::max<int64_t>(cols, 1))};
 }
 
