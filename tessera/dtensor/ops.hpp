@@ -224,6 +224,8 @@ PendingGather foreach_all_gather_async(const std::vector<DTensor>& tensors, cons
 /// else op by op (the results in the layouts those ops give). No communication unless a layout
 /// must change.
 DTensor gelu_backward(const DTensor& grad, const DTensor& x);
+/// With y = gelu(x) brought to x's layout too (see the Tensor form).
+DTensor gelu_backward(const DTensor& grad, const DTensor& x, const DTensor& y);
 std::pair<DTensor, DTensor> norm_backward(const DTensor& grad, const DTensor& x, const std::optional<DTensor>& weight,
                                           int64_t count, double eps, bool centred);
 

@@ -30,6 +30,12 @@ DTensor gelu_backward(const DTensor& grad, const DTensor& x_in) {
   return DTensor(gelu_backward(g.to_local(), x.to_local()), x.device_mesh(), x.layout());
 }
 
+DTensor gelu_backward(const DTensor& grad, const DTensor& x_in, const DTensor& y) {
+  const DTensor x = without_partial(x_in);
+  const DTensor g = like(grad, x), out = like(y, x);
+  return DTensor(gelu_backward(g.to_local(), x.to_local(), out.to_local()), x.device_mesh(), x.layout());
+}
+
 std::pair<DTensor, DTensor> norm_backward(const DTensor& grad, const DTensor& x, const std::optional<DTensor>& weight,
                                           int64_t count, double eps, bool centred) {
   // Every block must hold whole rows (no shard of a normalised dim, no Partial) and every rank

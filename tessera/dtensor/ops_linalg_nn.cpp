@@ -5,6 +5,7 @@
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/fused_backward.hpp>
 #include <tessera/ops/linalg.hpp>
 #include <tessera/ops/nn.hpp>
 #include <tessera/ops/reduce.hpp>
@@ -227,6 +228,23 @@ DTensor class_pick(const DTensor& logits, const DTensor& target, int64_t class_d
                           [&](DTensor& out) { record_class_pick(out, logits, target, class_dim); });
 }
 
+// Per-target losses (0 at ignore_index) with the class dim whole on every rank: the local fused
+// kernel (log-sum-exp and the target's logit in one pass), and its fused backward.
+DTensor cross_entropy_losses(const DTensor& logits, const DTensor& target, int64_t ignore_index, int64_t class_dim) {
+  DTensor out = call_op(OpId::cross_entropy, {&logits, &target}, DimArgs{class_dim}, [&](Locals l) {
+    return cross_entropy(l[0], l[1], ignore_index, Reduction::none);
+  });
+  if (!autograd::needs_grad<DTensor>({&logits})) return out;
+  autograd::record<DTensor>(
+      "cross_entropy", out, {&logits}, [x = logits.detach(), target, ignore_index, class_dim](const DTensor& g) {
+        DTensor grad = call_op(OpId::cross_entropy_backward, {&x, &g, &target}, DimArgs{class_dim}, [&](Locals l) {
+          return cross_entropy_backward(l[1], l[0], l[2], ignore_index);
+        });
+        return std::vector<DTensor>{grad};
+      });
+  return out;
+}
+
 }  // namespace
 
 DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t ignore_index, Reduction reduction) {
@@ -246,11 +264,17 @@ DTensor cross_entropy(const DTensor& logits, const DTensor& target, int64_t igno
                 name(target.dtype()));
   const int64_t classes = logits.shape()[class_dim];
   check_index_range(target, classes, ignore_index, "cross_entropy", "target");
-  // loss = logsumexp(logits) - logits[target], with the max subtracted for stability. Across class
-  // shards: amax -> P(max) reduced by the subtraction; the sum of exps -> P(sum) reduced by log;
-  // the picked logit -> P(sum). Nothing of the logits' size moves.
-  const DTensor shifted = sub(logits, amax(logits.detach(), {class_dim}, true));  // a constant shift
-  const DTensor loss = sub(log(sum(exp(shifted), {class_dim})), class_pick(shifted, target, class_dim));
+  // loss = logsumexp(logits) - logits[target], with the max subtracted for stability. With the
+  // class dim whole on every rank, one fused local kernel. Across class shards (vocabulary
+  // parallel) op by op: amax -> P(max) reduced by the subtraction; the sum of exps -> P(sum)
+  // reduced by log; the picked logit -> P(sum). Nothing of the logits' size moves.
+  DTensor loss;
+  if (logits.layout().shard_order(class_dim).empty()) {
+    loss = cross_entropy_losses(logits, target, ignore_index, class_dim);
+  } else {
+    const DTensor shifted = sub(logits, amax(logits.detach(), {class_dim}, true));  // a constant shift
+    loss = sub(log(sum(exp(shifted), {class_dim})), class_pick(shifted, target, class_dim));
+  }
   const DTensor valid = ne(target, Scalar(ignore_index));
   const DTensor kept = where(valid, loss, Scalar(0));
   switch (reduction) {

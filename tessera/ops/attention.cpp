@@ -45,6 +45,9 @@ void exp_in_place(C* x, int64_t n) {
 
 constexpr int64_t kRows = 64;
 constexpr int64_t kCols = 128;
+// Causal: smaller row blocks, each with tiles only as wide as its last row attends, so that most
+// of the masked triangle is never computed (a quarter of the scores at L = S = 64 with 32 rows).
+constexpr int64_t kCausalRows = 32;
 
 using detail::gemm;
 
@@ -145,6 +148,11 @@ class Scores {
   // Whether the tile starting at column j0 lies wholly above the causal diagonal of rows ending at i_last.
   bool skipped(int64_t i_last, int64_t j0) const { return call_.is_causal && col0() + j0 > row0() + i_last; }
 
+  // Query rows per block.
+  int64_t row_block() const { return call_.is_causal ? kCausalRows : kRows; }
+  // The width of the tile at column j0 for rows ending at i_last: the columns its last row attends.
+  int64_t tile_cols(int64_t i_last, int64_t j0) const { return live(i_last, j0, std::min(kCols, S_ - j0)); }
+
   // How many of the columns j0 .. j0 + cols row i may attend to under the causal mask: they come
   // first (all of them without it).
   int64_t live(int64_t i, int64_t j0, int64_t cols) const {
@@ -224,20 +232,22 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
     const C* kb = km[b];
     const C* vb = vm[b];
     C* ob = om[b];
-    for (int64_t i0 = 0; i0 < L; i0 += kRows) {
-      const int64_t rows = std::min(kRows, L - i0);
+    for (int64_t i0 = 0; i0 < L; i0 += scores.row_block()) {
+      const int64_t rows = std::min(scores.row_block(), L - i0);
       std::fill(m.begin(), m.end(), minus_inf);
       std::fill(l.begin(), l.end(), C(0));
       std::fill(acc.begin(), acc.end(), C(0));
       for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
-        const int64_t cols = std::min(kCols, S - j0);
+        const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
         scores.fill(b, qb, qm.ld, kb, km.ld, E, i0, rows, j0, cols, tile.data());
         const Tensor keep = scores.keep(b, i0, rows, j0, cols);
+        // Causally masked columns (the row's last ones) get P = 0 without an exp (libmvec's exp
+        // takes a slow scalar path for -inf), so each row's exp covers only its live columns.
         for (int64_t r = 0; r < rows; ++r) {
           C* row = tile.data() + r * cols;
-          // Causally masked columns (the row's last ones) get P = 0 without an exp.
           const int64_t live = scores.live(i0 + r, j0, cols);
           C top = m[r];
+#pragma omp simd reduction(max : top)
           for (int64_t c = 0; c < live; ++c) top = std::max(top, row[c]);
           if (top == minus_inf) {  // nothing to attend to yet in this row: P is 0
             std::fill(row, row + cols, C(0));
@@ -248,6 +258,7 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
           for (int64_t c = 0; c < live; ++c) row[c] -= top;
           exp_in_place(row, live);
           std::fill(row + live, row + cols, C(0));
+#pragma omp simd reduction(+ : total)
           for (int64_t c = 0; c < live; ++c) total += row[c];
           l[r] = l[r] * rescale + total;
           m[r] = top;
@@ -287,15 +298,16 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
     C* dqb = dqm[b];
     C* dkb = dkm[b];
     C* dvb = dvm[b];
-    for (int64_t i0 = 0; i0 < L; i0 += kRows) {
-      const int64_t rows = std::min(kRows, L - i0);
+    for (int64_t i0 = 0; i0 < L; i0 += scores.row_block()) {
+      const int64_t rows = std::min(scores.row_block(), L - i0);
       for (int64_t r = 0; r < rows; ++r) {
         C total = 0;
+#pragma omp simd reduction(+ : total)
         for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * gm.ld + f] * ob[(i0 + r) * om.ld + f];
         D[r] = total;
       }
       for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
-        const int64_t cols = std::min(kCols, S - j0);
+        const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
         scores.fill(b, qb, qm.ld, kb, km.ld, E, i0, rows, j0, cols, p.data());
         for (int64_t r = 0; r < rows; ++r) {
           C* row = p.data() + r * cols;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -48,6 +49,25 @@ void gelu_backward_run(const C* g, const C* x, C* out, int64_t n) {
   }
 }
 
+// f32 with y = gelu(x) = x Phi(x): Phi(x) = y / x, exact to a few ulp wherever x is not tiny
+// (there Phi is 1/2 to f32 precision), so only phi's exp is evaluated.
+void gelu_backward_from_output(const float* g, const float* x, const float* y, float* out, int64_t n) {
+  const float inv_sqrt_2pi = static_cast<float>(1.0 / std::sqrt(2.0 * std::numbers::pi));
+  constexpr int64_t kBlock = 256;
+  float p[kBlock];
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    const float* xs = x + start;
+    const float* ys = y + start;
+    for (int64_t i = 0; i < m; ++i) p[i] = -0.5f * xs[i] * xs[i];
+    detail::vexp(p, p, m);
+    for (int64_t i = 0; i < m; ++i) {
+      const float cdf = std::fabs(xs[i]) < 1e-30f ? 0.5f : ys[i] / xs[i];
+      out[start + i] = g[start + i] * (cdf + xs[i] * p[i] * inv_sqrt_2pi);
+    }
+  }
+}
+
 // Per row of n: dx = rstd (gw - xhat mean(gw xhat) - [centred] mean(gw)), gw = g w; and g xhat.
 template <class C>
 void norm_backward_run(const C* g, const C* x, const C* w, C* dx, C* gxhat, int64_t rows, int64_t n, double eps,
@@ -58,6 +78,7 @@ void norm_backward_run(const C* g, const C* x, const C* w, C* dx, C* gxhat, int6
     const C* gr = g + r * n;
     double mean = 0;
     if (centred) {
+#pragma omp simd reduction(+ : mean)
       for (int64_t i = 0; i < n; ++i) mean += xr[i];
       mean /= static_cast<double>(n);
     }
@@ -84,6 +105,56 @@ void norm_backward_run(const C* g, const C* x, const C* w, C* dx, C* gxhat, int6
   }
 }
 
+// exp of n contiguous values in place: the vector math library for f32.
+void exp_in_place(float* v, int64_t n) { detail::vexp(v, v, n); }
+void exp_in_place(double* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) v[i] = std::exp(v[i]);
+}
+
+// Logits [outer, n, inner] with class dim n; target and grad [outer, inner]. Each lane's classes
+// are copied out once (contiguous for the vector exp), shifted by their max and exponentiated;
+// the gradient is written from them in one more pass. kRows: inner == 1 (a row per target, the
+// usual [N, C]), so that the lane's loops run over contiguous memory and vectorise.
+template <bool kRows, class C>
+void cross_entropy_backward_run(const C* g, const C* x, const int64_t* t, C* out, int64_t outer, int64_t n,
+                                int64_t inner_dims, int64_t ignore_index) {
+  const int64_t inner = kRows ? 1 : inner_dims;
+  std::vector<C> e(static_cast<size_t>(n));
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t j = 0; j < inner; ++j) {
+      const int64_t k = o * inner + j;
+      const C* xl = x + o * n * inner + j;
+      C* ol = out + o * n * inner + j;
+      if (t[k] == ignore_index) {
+        for (int64_t i = 0; i < n; ++i) ol[i * inner] = C(0);
+        continue;
+      }
+      for (int64_t i = 0; i < n; ++i) e[i] = xl[i * inner];
+      // A NaN logit is skipped by the max but reaches the sum below, so the lane is NaN all the same.
+      C m = -std::numeric_limits<C>::infinity();
+#pragma omp simd reduction(max : m)
+      for (int64_t i = 0; i < n; ++i) m = std::max(m, e[i]);
+      for (int64_t i = 0; i < n; ++i) e[i] -= m;
+      exp_in_place(e.data(), n);
+      C total = 0;
+#pragma omp simd reduction(+ : total)
+      for (int64_t i = 0; i < n; ++i) total += e[i];
+      const C scale = g[k] / total;
+      for (int64_t i = 0; i < n; ++i) ol[i * inner] = e[i] * scale;
+      ol[t[k] * inner] -= g[k];
+    }
+  }
+}
+
+template <class C>
+void cross_entropy_backward_lanes(const C* g, const C* x, const int64_t* t, C* out, int64_t outer, int64_t n,
+                                  int64_t inner, int64_t ignore_index) {
+  if (inner == 1)
+    cross_entropy_backward_run<true>(g, x, t, out, outer, n, inner, ignore_index);
+  else
+    cross_entropy_backward_run<false>(g, x, t, out, outer, n, inner, ignore_index);
+}
+
 }  // namespace
 
 Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
@@ -95,6 +166,18 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
   else
     gelu_backward_run(g.data<double>(), xc.data<double>(), out.data<double>(), out.numel());
   return out.dtype() == x.dtype() ? out : out.to(x.dtype());
+}
+
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, const Tensor& y) {
+  check_pair("gelu_backward", grad, x);
+  TESSERA_CHECK(y.defined() && y.shape() == x.shape() && y.dtype() == x.dtype(), ValueError, "gelu_backward", "y ",
+                y.defined() ? y.shape().to_string() : "undefined", " must have the shape ", x.shape().to_string(),
+                " and dtype ", name(x.dtype()), " of x");
+  if (x.dtype() != DType::f32) return gelu_backward(grad, x);
+  const Tensor g = grad.contiguous(), xc = x.contiguous(), yc = y.contiguous();
+  Tensor out = empty(x.shape(), DType::f32);
+  gelu_backward_from_output(g.data<float>(), xc.data<float>(), yc.data<float>(), out.data<float>(), out.numel());
+  return out;
 }
 
 std::pair<Tensor, Tensor> norm_backward(const Tensor& grad, const Tensor& x, const std::optional<Tensor>& weight,
@@ -118,6 +201,42 @@ std::pair<Tensor, Tensor> norm_backward(const Tensor& grad, const Tensor& x, con
                       gxhat.data<double>(), rows, n, eps, centred);
   if (dx.dtype() != x.dtype()) return {dx.to(x.dtype()), gxhat.to(x.dtype())};
   return {dx, gxhat};
+}
+
+Tensor cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Tensor& target, int64_t ignore_index) {
+  constexpr const char* op = "cross_entropy backward";
+  TESSERA_CHECK(grad.defined() && logits.defined() && target.defined() && logits.ndim() >= 1, ValueError, op,
+                "needs grad, logits with a class dim and target");
+  const int64_t class_dim = logits.ndim() == 1 ? 0 : 1;
+  Shape losses = logits.shape();
+  losses.erase(class_dim);
+  TESSERA_CHECK(grad.shape() == losses && target.shape() == losses && is_floating(logits.dtype()) &&
+                    is_integral(target.dtype()),
+                ValueError, op, "grad ", grad.shape().to_string(), " and target ", target.shape().to_string(),
+                " must have the shape ", losses.to_string(), " of logits ", logits.shape().to_string(),
+                " without the class dim (floating logits, integer targets)");
+  const int64_t classes = logits.size(class_dim);
+  const Tensor t = target.to(DType::i64).contiguous();
+  const int64_t count = t.numel();
+  const int64_t* ts = count > 0 ? t.data<int64_t>() : nullptr;
+  for (int64_t k = 0; k < count; ++k)
+    TESSERA_CHECK(ts[k] == ignore_index || (ts[k] >= 0 && ts[k] < classes), ValueError, op, "target ", ts[k],
+                  " out of range for logits ", logits.shape().to_string(), "; expected a class in [0, ", classes,
+                  ") or ignore_index ", ignore_index);
+  const Tensor x = as_compute(logits), g = grad.to(x.dtype()).contiguous();
+  Tensor out = empty(logits.shape(), x.dtype());
+  if (out.numel() > 0) {
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < class_dim; ++d) outer *= logits.size(d);
+    for (int64_t d = class_dim + 1; d < logits.ndim(); ++d) inner *= logits.size(d);
+    if (x.dtype() == DType::f32)
+      cross_entropy_backward_lanes(g.data<float>(), x.data<float>(), ts, out.data<float>(), outer, classes, inner,
+                                   ignore_index);
+    else
+      cross_entropy_backward_lanes(g.data<double>(), x.data<double>(), ts, out.data<double>(), outer, classes,
+                                   inner, ignore_index);
+  }
+  return out.dtype() == logits.dtype() ? out : out.to(logits.dtype());
 }
 
 }  // namespace tessera

@@ -22,6 +22,7 @@
 #include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/detail/vector_math.hpp>
 #include <tessera/ops/elementwise.hpp>
+#include <tessera/ops/fused_backward.hpp>
 #include <tessera/ops/reduce.hpp>
 #include <tessera/ops/shape_ops.hpp>
 
@@ -217,12 +218,14 @@ void layer_norm_kernel(const T* x, T* y, int64_t rows, int64_t n, const compute_
     const T* xr = x + r * n;
     T* yr = y + r * n;
     C total = 0;
+#pragma omp simd reduction(+ : total)
     for (int64_t i = 0; i < n; ++i) {
       v[i] = static_cast<C>(xr[i]);
       total += v[i];
     }
     const C mean = total * inv_n;
     C squares = 0;
+#pragma omp simd reduction(+ : squares)
     for (int64_t i = 0; i < n; ++i) {
       v[i] -= mean;
       squares += v[i] * v[i];
@@ -240,6 +243,7 @@ void rms_norm_kernel(const T* x, T* y, int64_t rows, int64_t n, const compute_t<
     const T* xr = x + r * n;
     T* yr = y + r * n;
     C squares = 0;
+#pragma omp simd reduction(+ : squares)
     for (int64_t i = 0; i < n; ++i) {
       const C v = static_cast<C>(xr[i]);
       squares += v * v;
@@ -261,6 +265,27 @@ void lane_logsumexp(const T* x, const Split& s, std::vector<compute_t<T>>& max_o
   const int64_t n = s.n, inner = s.inner;
   max_out.assign(static_cast<size_t>(s.outer * inner), neg_inf<C>());
   log_sum_out.assign(static_cast<size_t>(s.outer * inner), C(0));
+  if constexpr (std::is_same_v<C, float>) {
+    if (inner == 1) {  // rows: shifted into a buffer, exponentiated by the vector math library
+      std::vector<float> e(static_cast<size_t>(n));
+      for (int64_t o = 0; o < s.outer; ++o) {
+        const T* xr = x + o * n;
+        for (int64_t i = 0; i < n; ++i) e[i] = static_cast<C>(xr[i]);
+        // A NaN is skipped by the max but reaches the sum, so the loss is NaN all the same.
+        C m = neg_inf<C>();
+#pragma omp simd reduction(max : m)
+        for (int64_t i = 0; i < n; ++i) m = std::max(m, e[i]);
+        for (int64_t i = 0; i < n; ++i) e[i] -= m;
+        detail::vexp(e.data(), e.data(), n);
+        C total = 0;
+#pragma omp simd reduction(+ : total)
+        for (int64_t i = 0; i < n; ++i) total += e[i];
+        max_out[o] = m;
+        log_sum_out[o] = std::log(total);
+      }
+      return;
+    }
+  }
   for (int64_t o = 0; o < s.outer; ++o) {
     const T* xb = x + o * n * inner;
     C* m = max_out.data() + o * inner;
@@ -282,21 +307,18 @@ void record_embedding(Tensor& out, const Tensor& weight, const Tensor& ids, std:
 }
 
 // The gradient of cross_entropy: (softmax - one_hot(target)) on kept targets, scaled by the
-// reduction (1 / kept for mean).
+// reduction (1 / kept for mean), in one fused pass (cross_entropy_backward).
 void record_cross_entropy(Tensor& out, const Tensor& logits, const Tensor& target, int64_t ignore_index,
                           Reduction reduction) {
   if (!autograd::needs_grad<Tensor>({&logits})) return;
   autograd::record<Tensor>(
       "cross_entropy", out, {&logits}, [x = logits.detach(), target, ignore_index, reduction](const Tensor& g) {
-        const int64_t class_dim = x.ndim() == 1 ? 0 : 1;
-        Shape along = Shape::filled(x.ndim(), 1);
-        along[class_dim] = x.size(class_dim);
-        const Tensor target_along = unsqueeze(target, class_dim);
-        const Tensor one_hot = eq(arange(x.size(class_dim)).reshape(along), target_along).to(x.dtype());
-        const Tensor kept = ne(target_along, Scalar(ignore_index)).to(x.dtype());
-        Tensor scale = reduction == Reduction::none ? unsqueeze(g, class_dim) : g;
-        if (reduction == Reduction::mean) scale = div(scale, sum(kept));
-        return std::vector<Tensor>{mul(mul(sub(softmax(x, class_dim), one_hot), kept), scale)};
+        Tensor per_target = g;
+        if (reduction == Reduction::mean)
+          per_target = div(g, sum(ne(target, Scalar(ignore_index))).to(g.dtype())).expand(target.shape());
+        else if (reduction == Reduction::sum)
+          per_target = g.expand(target.shape());
+        return std::vector<Tensor>{cross_entropy_backward(per_target, x, target, ignore_index)};
       });
 }
 

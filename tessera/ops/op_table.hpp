@@ -76,7 +76,7 @@
 #define TESSERA_LINALG_OPS(X) X(matmul) X(bmm) X(linear) X(einsum)
 #define TESSERA_NN_OPS(X) \
   X(softmax) X(log_softmax) X(layer_norm) X(rms_norm) X(embedding) X(class_pick) X(embedding_backward) X(class_pick_backward) \
-  X(scaled_dot_product_attention)
+  X(cross_entropy) X(cross_entropy_backward) X(scaled_dot_product_attention)
 #define TESSERA_VIEW_OPS(X) X(reshape) X(expand) X(permute) X(narrow) X(cat) X(stack)
 // Shape ops that copy (sharding/shape_rules.cpp).
 #define TESSERA_SHAPE_OPS(X) X(flip) X(roll) X(tril) X(triu) X(repeat) X(pad)

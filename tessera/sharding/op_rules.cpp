@@ -217,6 +217,13 @@ Factors without(Factors dims, int64_t dim) {
   return dims;
 }
 
+// One factor per dim of an `nd`-d tensor, dim `whole_dim` whole (a softmax or loss runs over it).
+Factors class_whole(FactorRuleBuilder& b, int64_t nd, int64_t whole_dim) {
+  Factors dims;
+  for (int64_t d = 0; d < nd; ++d) dims.push_back(d == whole_dim ? b.whole() : b.shardable());
+  return dims;
+}
+
 // cat along a dim the inputs shard alike, when concatenating every rank's pieces gives a piece
 // of the result per rank in rank order (a stencil restoring its boundary rows: [first row (rank
 // 0's piece), interior, last row (the last rank's)]): the inputs stay as they are and the output
@@ -449,6 +456,16 @@ void register_builtin_rules(RuleRegistry& registry) {
                                    return b.input(logits).input(rest).output(rest).keep_partial({0}, ReduceOp::sum).build();
                                  }));
 
+  // cross_entropy (per-target losses in one pass): logits [N, C, d...] and target [N, d...] ->
+  // [N, d...]; the class dim whole (the log-sum-exp runs over it), the rest shards with the target.
+  registry.set(OpId::cross_entropy, factor_rule_of(OpId::cross_entropy,
+                                    [](const std::vector<const Layout*>& in, const OpArgs& args) {
+                                      FactorRuleBuilder b;
+                                      const Factors logits = class_whole(b, in[0]->ndim(), std::get<DimArgs>(args).dim);
+                                      const Factors rest = without(logits, std::get<DimArgs>(args).dim);
+                                      return b.input(logits).input(rest).output(rest).build();
+                                    }));
+
   // scaled_dot_product_attention: q "...le", k "...se", v "...sf", mask broadcast to "...ls" ->
   // "...lf". Batch/head dims and q's rows shard; the keys' sequence s and the features are whole
   // (the softmax runs over s; e and f are not contracted into a Partial through it).
@@ -500,6 +517,18 @@ void register_builtin_rules(RuleRegistry& registry) {
           [](const std::vector<const Layout*>& in, const OpArgs& args) {
             FactorRuleBuilder b;
             const Factors logits = b.shardable(in[0]->ndim());
+            const Factors rest = without(logits, std::get<DimArgs>(args).dim);
+            return b.input(logits).input(rest).input(rest).output(logits).keep_partial({1}, ReduceOp::sum).build();
+          }));
+
+  // cross_entropy_backward: logits "nc..." (class dim whole), grad and target "n..." -> "nc...";
+  // linear in the gradient.
+  registry.set(
+      OpId::cross_entropy_backward,
+      factor_rule_of(OpId::cross_entropy_backward,
+          [](const std::vector<const Layout*>& in, const OpArgs& args) {
+            FactorRuleBuilder b;
+            const Factors logits = class_whole(b, in[0]->ndim(), std::get<DimArgs>(args).dim);
             const Factors rest = without(logits, std::get<DimArgs>(args).dim);
             return b.input(logits).input(rest).input(rest).output(logits).keep_partial({1}, ReduceOp::sum).build();
           }));

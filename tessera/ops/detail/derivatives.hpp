@@ -67,10 +67,10 @@ T share_of(const T& g, const T& wins, const T& ties) {
 // --- elementwise: one derivative per row of the op table ---------------------------------------
 
 /// gelu = x Phi(x): d/dx = Phi(x) + x phi(x), as one kernel (gelu_backward: Tensor's in
-/// ops/fused_backward.hpp, DTensor's on each block).
+/// ops/fused_backward.hpp, DTensor's on each block), with Phi read off the output y.
 template <class T>
-T gelu_grad(const T& g, const T& x, const T& /*y*/) {
-  return gelu_backward(g, x);
+T gelu_grad(const T& g, const T& x, const T& y) {
+  return gelu_backward(g, x, y);
 }
 
 /// silu = x sigmoid(x): d/dx = s (1 + x (1 - s)).
