@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include <tessera/ops/detail/derivatives.hpp>
@@ -237,7 +238,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const std::optional<Tensor>
   int64_t rows = 1;
   for (int64_t d = 0; d + 1 < x.ndim(); ++d) rows *= x.shape()[d];
   Tensor out2 = out.view({rows, out_features});
-  out2.copy_(bias->detach());
+  const Tensor b = bias->detach().to(dt).contiguous();
+  const size_t row_bytes = static_cast<size_t>(out_features * out2.itemsize());
+  char* dst = rows > 0 && out_features > 0 ? static_cast<char*>(out2.raw_data()) : nullptr;
+  for (int64_t r = 0; r < rows && dst; ++r) std::memcpy(dst + r * row_bytes, b.raw_data(), row_bytes);
   gemm_2d(x.detach().to(dt).reshape({rows, in}), weight.detach().to(dt).t(), out2, 1.0);
   out = out.to(out_dtype);
   derivatives::record_linear(out, x, weight, bias);

@@ -374,6 +374,23 @@ TEST(SumReduce, HalfPrecisionAccumulatesWide) {
   }
 }
 
+// Sums over the leading dims of a contiguous tensor (a bias's gradient) add eight rows at a time:
+// row counts off that block, several leading dims, keepdim, and every floating dtype.
+TEST(SumReduce, LeadingDimsMatchReference) {
+  std::vector<double> v;
+  for (int64_t k = 0; k < 19 * 3 * 5; ++k) v.push_back(std::round(8 * std::sin(0.37 * static_cast<double>(k))) / 8);
+  for (DType dtype : {DType::f32, DType::f64, DType::bf16, DType::f16}) {
+    SCOPED_TRACE(name(dtype));
+    const Tensor x = make(v, {19, 3, 5}, dtype);
+    for (const std::vector<int64_t>& dims : {std::vector<int64_t>{0}, std::vector<int64_t>{0, 1}}) {
+      const Groups g = groups(v, {19, 3, 5}, dims, false);
+      EXPECT_TRUE(matches(sum(x, dims), g.shape, dtype, fold_ref(g, sum_ref), {0, 0})) << dims.size();
+      const Groups kept = groups(v, {19, 3, 5}, dims, true);
+      EXPECT_TRUE(matches(sum(x, dims, true), kept.shape, dtype, fold_ref(kept, sum_ref), {0, 0}));
+    }
+  }
+}
+
 TEST(SumReduce, LargeF32SumIsAccurate) {
   constexpr int64_t n = 1 << 20;
   const float tenth = 0.1f;
