@@ -11,6 +11,10 @@
 // dQ_i += scale * dS K_j, dK_j += scale * dS^T Q_i. Dropout multiplies P by the keep-mask Z / (1-p)
 // where the forward did (in O and dV) and dP by it; D_i is unchanged since sum_j P Z dO.V = dO.O.
 //
+// Tiles are held transposed, [keys, query rows] (S^T = K_j Q_i^T from Q^T, made once per batch
+// entry): a query row's softmax statistics are then elementwise across a tile row, and every
+// product is one OpenBLAS's small-matrix kernels take unpacked.
+//
 // Everything is computed in f32 (f64 for f64 inputs) with OpenBLAS gemms on the tiles.
 #include <tessera/ops/attention.hpp>
 
@@ -118,9 +122,21 @@ Tensor empty_in_order_of(const Shape& shape, DType dtype, const Tensor& like, bo
   return storage.permute(inverse);
 }
 
+// m [rows, cols] (leading dimension ld) transposed into out [cols, rows]: the tiles' products
+// then read Q^T and dO^T as plain operands, since OpenBLAS's small-matrix kernels (no packing)
+// take A B but not A B^T, which goes through the packed path at half the speed.
+template <class C>
+void transposed(const C* m, int64_t rows, int64_t cols, int64_t ld, std::vector<C>& out) {
+  out.resize(static_cast<size_t>(rows * cols));
+  C* o = out.data();
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = 0; r < rows; ++r) o[c * rows + r] = m[r * ld + c];
+}
+
 // The scores [batch..., L, S] of q [batch..., L, E] and k [batch..., S, E], one batch entry and
-// one tile at a time: scale * Q K^T, then the causal mask and the attention mask, as -inf (masked)
-// or added values.
+// one tile at a time, transposed: st[c, r] = scale * k_c . q_r, then the causal mask and the
+// attention mask, as -inf (masked) or added values. Transposed so that the softmax's statistics
+// per query row (max, sum) are elementwise over a tile row instead of horizontal reductions.
 template <class C>
 class Scores {
  public:
@@ -160,29 +176,44 @@ class Scores {
     return std::clamp<int64_t>(row0() + i - col0() - j0 + 1, 0, cols);
   }
 
-  // tile[r, c] for rows i0.., columns j0..: scale * q_r . k_c, masked.
-  void fill(int64_t b, const C* q, int64_t ldq, const C* k, int64_t ldk, int64_t e, int64_t i0, int64_t rows,
-            int64_t j0, int64_t cols, C* tile) const {
-    gemm(false, true, rows, cols, e, static_cast<C>(call_.scale), q + i0 * ldq, ldq, k + j0 * ldk, ldk, C(0), tile, cols);
+  // The first of rows i0 .. i0 + rows that column j0 + c is live for under the causal mask (the
+  // rows before it are masked; 0 without the mask).
+  int64_t first_live(int64_t c, int64_t j0, int64_t i0, int64_t rows) const {
+    if (!call_.is_causal) return 0;
+    return std::clamp<int64_t>(col0() + j0 + c - row0() - i0, 0, rows);
+  }
+
+  // st[c, r] for columns j0.., rows i0..: scale * k_c . q_r, masked. qt: this batch entry's Q
+  // transposed, [e, L].
+  void fill(int64_t b, const C* k, int64_t ldk, const C* qt, int64_t e, int64_t i0, int64_t rows, int64_t j0,
+            int64_t cols, C* st) const {
+    gemm(false, false, cols, rows, e, static_cast<C>(call_.scale), k + j0 * ldk, ldk, qt + i0, L_, C(0), st, rows);
     const C minus_inf = -std::numeric_limits<C>::infinity();
     if (call_.is_causal) {
-      for (int64_t r = 0; r < rows; ++r) std::fill(tile + r * cols + live(i0 + r, j0, cols), tile + (r + 1) * cols, minus_inf);
+      for (int64_t c = 0; c < cols; ++c) std::fill(st + c * rows, st + c * rows + first_live(c, j0, i0, rows), minus_inf);
     }
     if (!mask_.defined()) return;
-    const Strides& st = mask_.strides();
-    const int64_t sl = st[nd_ - 2], ss = st[nd_ - 1];
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t base = batch_offsets_[static_cast<size_t>(b)] + (i0 + r) * sl + j0 * ss;
-      C* row = tile + r * cols;
+    const Strides& strides = mask_.strides();
+    const int64_t sl = strides[nd_ - 2], ss = strides[nd_ - 1];
+    const int64_t base = batch_offsets_[static_cast<size_t>(b)] + i0 * sl + j0 * ss;
+    for (int64_t c = 0; c < cols; ++c) {
+      C* row = st + c * rows;
       if (is_bool_) {
-        const bool* m = mask_.data<bool>();
-        for (int64_t c = 0; c < cols; ++c)
-          if (!m[base + c * ss]) row[c] = minus_inf;
+        const bool* m = mask_.data<bool>() + base + c * ss;
+        for (int64_t r = 0; r < rows; ++r)
+          if (!m[r * sl]) row[r] = minus_inf;
       } else {
-        const C* m = mask_.data<C>();
-        for (int64_t c = 0; c < cols; ++c) row[c] += m[base + c * ss];
+        const C* m = mask_.data<C>() + base + c * ss;
+        for (int64_t r = 0; r < rows; ++r) row[r] += m[r * sl];
       }
     }
+  }
+
+  // st[c, r] scaled by the dropout keep-mask z [rows, cols] of the tile: kept / (1 - p), else 0.
+  void drop(const Tensor& keep, int64_t rows, int64_t cols, const C* st, C* out) const {
+    const bool* z = keep.data<bool>();
+    for (int64_t c = 0; c < cols; ++c)
+      for (int64_t r = 0; r < rows; ++r) out[c * rows + r] = z[r * cols + c] ? st[c * rows + r] * keep_scale_ : C(0);
   }
 
   // The dropout keep-mask of the tile (empty when there is no dropout): the same block of the
@@ -226,9 +257,11 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
   const auto om = matrices<C>(out);
   C* ld = lse.data<C>();
   const C minus_inf = -std::numeric_limits<C>::infinity();
-  std::vector<C> tile(static_cast<size_t>(kRows * kCols)), m(kRows), l(kRows), acc(static_cast<size_t>(kRows * F));
+  std::vector<C> st(static_cast<size_t>(kRows * kCols)), dropped(st.size()), acc(static_cast<size_t>(kRows * F)), qt;
+  // Per query row of the block: the running max m and sum l, and the tile's max, shift, rescale and sum.
+  std::vector<C> m(kRows), l(kRows), top(kRows), shift(kRows), rescale(kRows), total(kRows);
   for (int64_t b = 0; b < scores.batches(); ++b) {
-    const C* qb = qm[b];
+    transposed(qm[b], L, E, qm.ld, qt);
     const C* kb = km[b];
     const C* vb = vm[b];
     C* ob = om[b];
@@ -239,36 +272,47 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
       std::fill(acc.begin(), acc.end(), C(0));
       for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
         const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
-        scores.fill(b, qb, qm.ld, kb, km.ld, E, i0, rows, j0, cols, tile.data());
-        const Tensor keep = scores.keep(b, i0, rows, j0, cols);
-        // Causally masked columns (the row's last ones) get P = 0 without an exp (libmvec's exp
-        // takes a slow scalar path for -inf), so each row's exp covers only its live columns.
+        C* t = st.data();
+        scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, t);
+        // The rows' new maxima (masked scores are -inf), their shift (0 for a row with nothing to
+        // attend to yet: its scores stay -inf) and the rescale of what they had, exp(m - top)
+        // (exp(0) for a row's first scores, whose l and acc are still 0).
+        std::copy(m.begin(), m.begin() + rows, top.begin());
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t r = 0; r < rows; ++r) top[r] = std::max(top[r], t[c * rows + r]);
         for (int64_t r = 0; r < rows; ++r) {
-          C* row = tile.data() + r * cols;
-          const int64_t live = scores.live(i0 + r, j0, cols);
-          C top = m[r];
-#pragma omp simd reduction(max : top)
-          for (int64_t c = 0; c < live; ++c) top = std::max(top, row[c]);
-          if (top == minus_inf) {  // nothing to attend to yet in this row: P is 0
-            std::fill(row, row + cols, C(0));
-            continue;
-          }
-          const C rescale = std::exp(m[r] - top);
-          C total = 0;
-          for (int64_t c = 0; c < live; ++c) row[c] -= top;
-          exp_in_place(row, live);
-          std::fill(row + live, row + cols, C(0));
-#pragma omp simd reduction(+ : total)
-          for (int64_t c = 0; c < live; ++c) total += row[c];
-          l[r] = l[r] * rescale + total;
-          m[r] = top;
-          for (int64_t f = 0; f < F; ++f) acc[r * F + f] *= rescale;
-          if (keep.defined()) {
-            const bool* z = keep.data<bool>() + r * cols;
-            for (int64_t c = 0; c < cols; ++c) row[c] = z[c] ? row[c] * scores.keep_scale() : C(0);
-          }
+          shift[r] = top[r] == minus_inf ? C(0) : top[r];
+          rescale[r] = m[r] == minus_inf ? C(0) : m[r] - top[r];
+          total[r] = C(0);
         }
-        gemm(false, false, rows, F, cols, C(1), tile.data(), cols, vb + j0 * vm.ld, vm.ld, C(1), acc.data(), F);
+        exp_in_place(rescale.data(), rows);
+        // P = exp(S - shift) in one exp over the tile. The causally masked scores (first in each
+        // column) go in as 0 and come out as 0: libmvec's exp takes a slow scalar path for -inf.
+        for (int64_t c = 0; c < cols; ++c) {
+          C* column = t + c * rows;
+          const int64_t first = scores.first_live(c, j0, i0, rows);
+          std::fill(column, column + first, C(0));
+          for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
+        }
+        exp_in_place(t, rows * cols);
+        for (int64_t c = 0; c < cols; ++c) {
+          C* column = t + c * rows;
+          std::fill(column, column + scores.first_live(c, j0, i0, rows), C(0));
+          for (int64_t r = 0; r < rows; ++r) total[r] += column[r];
+        }
+        for (int64_t r = 0; r < rows; ++r) {
+          l[r] = l[r] * rescale[r] + total[r];
+          m[r] = top[r];
+          for (int64_t f = 0; f < F; ++f) acc[r * F + f] *= rescale[r];
+        }
+        const Tensor keep = scores.keep(b, i0, rows, j0, cols);
+        const C* p = t;
+        if (keep.defined()) {
+          scores.drop(keep, rows, cols, t, dropped.data());
+          p = dropped.data();
+        }
+        // O_i += P V_j, with P^T in hand.
+        gemm(true, false, rows, F, cols, C(1), p, rows, vb + j0 * vm.ld, vm.ld, C(1), acc.data(), F);
       }
       for (int64_t r = 0; r < rows; ++r) {
         // A row with every score masked has l = 0: 0/0 = NaN, as softmax gives.
@@ -287,7 +331,9 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
   const C scale = static_cast<C>(call.scale);
   const auto qm = matrices<C>(q), km = matrices<C>(k), vm = matrices<C>(v), gm = matrices<C>(g), om = matrices<C>(out);
   const auto dqm = matrices<C>(dq), dkm = matrices<C>(dk), dvm = matrices<C>(dv);
-  std::vector<C> p(static_cast<size_t>(kRows * kCols)), dp(p.size()), dropped(p.size()), D(kRows);
+  const C minus_inf = -std::numeric_limits<C>::infinity();
+  std::vector<C> pt(static_cast<size_t>(kRows * kCols)), dpt(pt.size()), dropped(pt.size()), D(kRows), shift(kRows);
+  std::vector<C> qt, gt;
   for (int64_t b = 0; b < scores.batches(); ++b) {
     const C* qb = qm[b];
     const C* kb = km[b];
@@ -298,6 +344,8 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
     C* dqb = dqm[b];
     C* dkb = dkm[b];
     C* dvb = dvm[b];
+    transposed(qb, L, E, qm.ld, qt);
+    transposed(gb, L, F, gm.ld, gt);
     for (int64_t i0 = 0; i0 < L; i0 += scores.row_block()) {
       const int64_t rows = std::min(scores.row_block(), L - i0);
       for (int64_t r = 0; r < rows; ++r) {
@@ -305,37 +353,38 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
 #pragma omp simd reduction(+ : total)
         for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * gm.ld + f] * ob[(i0 + r) * om.ld + f];
         D[r] = total;
+        // A row masked everywhere has lse = -inf: shifted by 0 it stays -inf.
+        shift[r] = lb[i0 + r] == minus_inf ? C(0) : lb[i0 + r];
       }
       for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
         const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
-        scores.fill(b, qb, qm.ld, kb, km.ld, E, i0, rows, j0, cols, p.data());
-        for (int64_t r = 0; r < rows; ++r) {
-          C* row = p.data() + r * cols;
-          const int64_t live = scores.live(i0 + r, j0, cols);
-          for (int64_t c = 0; c < live; ++c) row[c] -= lb[i0 + r];
-          exp_in_place(row, live);
-          std::fill(row + live, row + cols, C(0));
+        // P^T = exp(S^T - lse) in one exp over the tile, the causally masked scores 0 (as forward).
+        scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, pt.data());
+        for (int64_t c = 0; c < cols; ++c) {
+          C* column = pt.data() + c * rows;
+          const int64_t first = scores.first_live(c, j0, i0, rows);
+          std::fill(column, column + first, C(0));
+          for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
         }
+        exp_in_place(pt.data(), rows * cols);
+        for (int64_t c = 0; c < cols; ++c)
+          std::fill(pt.data() + c * rows, pt.data() + c * rows + scores.first_live(c, j0, i0, rows), C(0));
+        // dP^T (of the dropped weights) = V_j dO_i^T.
+        gemm(false, false, cols, rows, F, C(1), vb + j0 * vm.ld, vm.ld, gt.data() + i0, L, C(0), dpt.data(), rows);
         const Tensor keep = scores.keep(b, i0, rows, j0, cols);
-        // dP (of the dropped weights) = dO_i V_j^T.
-        gemm(false, true, rows, cols, F, C(1), gb + i0 * gm.ld, gm.ld, vb + j0 * vm.ld, vm.ld, C(0), dp.data(), cols);
+        const C* weights = pt.data();
         if (keep.defined()) {
-          // dV_j += (P Z/(1-p))^T dO_i.
-          const bool* z = keep.data<bool>();
-          for (int64_t i = 0; i < rows * cols; ++i) {
-            const C factor = z[i] ? scores.keep_scale() : C(0);
-            dropped[i] = p[i] * factor;
-            dp[i] *= factor;
-          }
-          gemm(true, false, cols, F, rows, C(1), dropped.data(), cols, gb + i0 * gm.ld, gm.ld, C(1), dvb + j0 * dvm.ld, dvm.ld);
-        } else {
-          gemm(true, false, cols, F, rows, C(1), p.data(), cols, gb + i0 * gm.ld, gm.ld, C(1), dvb + j0 * dvm.ld, dvm.ld);
+          scores.drop(keep, rows, cols, pt.data(), dropped.data());
+          scores.drop(keep, rows, cols, dpt.data(), dpt.data());
+          weights = dropped.data();
         }
-        // dS = P * (dP - D_i), into dp.
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < cols; ++c) dp[r * cols + c] = p[r * cols + c] * (dp[r * cols + c] - D[r]);
-        gemm(false, false, rows, E, cols, scale, dp.data(), cols, kb + j0 * km.ld, km.ld, C(1), dqb + i0 * dqm.ld, dqm.ld);
-        gemm(true, false, cols, E, rows, scale, dp.data(), cols, qb + i0 * qm.ld, qm.ld, C(1), dkb + j0 * dkm.ld, dkm.ld);
+        // dV_j += (P Z/(1-p))^T dO_i.
+        gemm(false, false, cols, F, rows, C(1), weights, rows, gb + i0 * gm.ld, gm.ld, C(1), dvb + j0 * dvm.ld, dvm.ld);
+        // dS^T = P^T * (dP^T - D_i), into dpt.
+        for (int64_t c = 0; c < cols; ++c)
+          for (int64_t r = 0; r < rows; ++r) dpt[c * rows + r] = pt[c * rows + r] * (dpt[c * rows + r] - D[r]);
+        gemm(true, false, rows, E, cols, scale, dpt.data(), rows, kb + j0 * km.ld, km.ld, C(1), dqb + i0 * dqm.ld, dqm.ld);
+        gemm(false, false, cols, E, rows, scale, dpt.data(), rows, qb + i0 * qm.ld, qm.ld, C(1), dkb + j0 * dkm.ld, dkm.ld);
       }
     }
   }
