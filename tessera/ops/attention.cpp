@@ -29,6 +29,7 @@
 #include <tessera/core/grad_mode.hpp>
 #include <tessera/grad/engine.hpp>
 #include <tessera/ops/detail/gemm.hpp>
+#include <tessera/ops/detail/parallel.hpp>
 #include <tessera/ops/detail/attention_kernel.hpp>
 #include <tessera/ops/detail/vector_math.hpp>
 #include <tessera/ops/shape_ops.hpp>
@@ -52,8 +53,11 @@ constexpr int64_t kCols = 128;
 // Causal: smaller row blocks, each with tiles only as wide as its last row attends, so that most
 // of the masked triangle is never computed (a quarter of the scores at L = S = 64 with 32 rows).
 constexpr int64_t kCausalRows = 32;
+// Batch entries per chunk at least, when a rank's intra-op threads share them.
+constexpr int64_t kBatchGrain = 4;
 
 using detail::gemm;
+using detail::parallel_for;
 
 DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
 
@@ -190,7 +194,8 @@ class Scores {
     gemm(false, false, cols, rows, e, static_cast<C>(call_.scale), k + j0 * ldk, ldk, qt + i0, L_, C(0), st, rows);
     const C minus_inf = -std::numeric_limits<C>::infinity();
     if (call_.is_causal) {
-      for (int64_t c = 0; c < cols; ++c) std::fill(st + c * rows, st + c * rows + first_live(c, j0, i0, rows), minus_inf);
+      for (int64_t c = 0; c < cols; ++c)
+        std::fill(st + c * rows, st + c * rows + first_live(c, j0, i0, rows), minus_inf);
     }
     if (!mask_.defined()) return;
     const Strides& strides = mask_.strides();
@@ -257,70 +262,73 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
   const auto om = matrices<C>(out);
   C* ld = lse.data<C>();
   const C minus_inf = -std::numeric_limits<C>::infinity();
-  std::vector<C> st(static_cast<size_t>(kRows * kCols)), dropped(st.size()), acc(static_cast<size_t>(kRows * F)), qt;
-  // Per query row of the block: the running max m and sum l, and the tile's max, shift, rescale and sum.
-  std::vector<C> m(kRows), l(kRows), top(kRows), shift(kRows), rescale(kRows), total(kRows);
-  for (int64_t b = 0; b < scores.batches(); ++b) {
-    transposed(qm[b], L, E, qm.ld, qt);
-    const C* kb = km[b];
-    const C* vb = vm[b];
-    C* ob = om[b];
-    for (int64_t i0 = 0; i0 < L; i0 += scores.row_block()) {
-      const int64_t rows = std::min(scores.row_block(), L - i0);
-      std::fill(m.begin(), m.end(), minus_inf);
-      std::fill(l.begin(), l.end(), C(0));
-      std::fill(acc.begin(), acc.end(), C(0));
-      for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
-        const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
-        C* t = st.data();
-        scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, t);
-        // The rows' new maxima (masked scores are -inf), their shift (0 for a row with nothing to
-        // attend to yet: its scores stay -inf) and the rescale of what they had, exp(m - top)
-        // (exp(0) for a row's first scores, whose l and acc are still 0).
-        std::copy(m.begin(), m.begin() + rows, top.begin());
-        for (int64_t c = 0; c < cols; ++c)
-          for (int64_t r = 0; r < rows; ++r) top[r] = std::max(top[r], t[c * rows + r]);
+  // Batch entries are independent: split over the rank's intra-op threads, each with its buffers.
+  parallel_for(scores.batches(), kBatchGrain, [&](int64_t b_begin, int64_t b_end) {
+    std::vector<C> st(static_cast<size_t>(kRows * kCols)), dropped(st.size()), acc(static_cast<size_t>(kRows * F)), qt;
+    // Per query row of the block: the running max m and sum l, and the tile's max, shift, rescale and sum.
+    std::vector<C> m(kRows), l(kRows), top(kRows), shift(kRows), rescale(kRows), total(kRows);
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      transposed(qm[b], L, E, qm.ld, qt);
+      const C* kb = km[b];
+      const C* vb = vm[b];
+      C* ob = om[b];
+      for (int64_t i0 = 0; i0 < L; i0 += scores.row_block()) {
+        const int64_t rows = std::min(scores.row_block(), L - i0);
+        std::fill(m.begin(), m.end(), minus_inf);
+        std::fill(l.begin(), l.end(), C(0));
+        std::fill(acc.begin(), acc.end(), C(0));
+        for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
+          const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
+          C* t = st.data();
+          scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, t);
+          // The rows' new maxima (masked scores are -inf), their shift (0 for a row with nothing to
+          // attend to yet: its scores stay -inf) and the rescale of what they had, exp(m - top)
+          // (exp(0) for a row's first scores, whose l and acc are still 0).
+          std::copy(m.begin(), m.begin() + rows, top.begin());
+          for (int64_t c = 0; c < cols; ++c)
+            for (int64_t r = 0; r < rows; ++r) top[r] = std::max(top[r], t[c * rows + r]);
+          for (int64_t r = 0; r < rows; ++r) {
+            shift[r] = top[r] == minus_inf ? C(0) : top[r];
+            rescale[r] = m[r] == minus_inf ? C(0) : m[r] - top[r];
+            total[r] = C(0);
+          }
+          exp_in_place(rescale.data(), rows);
+          // P = exp(S - shift) in one exp over the tile. The causally masked scores (first in each
+          // column) go in as 0 and come out as 0: libmvec's exp takes a slow scalar path for -inf.
+          for (int64_t c = 0; c < cols; ++c) {
+            C* column = t + c * rows;
+            const int64_t first = scores.first_live(c, j0, i0, rows);
+            std::fill(column, column + first, C(0));
+            for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
+          }
+          exp_in_place(t, rows * cols);
+          for (int64_t c = 0; c < cols; ++c) {
+            C* column = t + c * rows;
+            std::fill(column, column + scores.first_live(c, j0, i0, rows), C(0));
+            for (int64_t r = 0; r < rows; ++r) total[r] += column[r];
+          }
+          for (int64_t r = 0; r < rows; ++r) {
+            l[r] = l[r] * rescale[r] + total[r];
+            m[r] = top[r];
+            for (int64_t f = 0; f < F; ++f) acc[r * F + f] *= rescale[r];
+          }
+          const Tensor keep = scores.keep(b, i0, rows, j0, cols);
+          const C* p = t;
+          if (keep.defined()) {
+            scores.drop(keep, rows, cols, t, dropped.data());
+            p = dropped.data();
+          }
+          // O_i += P V_j, with P^T in hand.
+          gemm(true, false, rows, F, cols, C(1), p, rows, vb + j0 * vm.ld, vm.ld, C(1), acc.data(), F);
+        }
         for (int64_t r = 0; r < rows; ++r) {
-          shift[r] = top[r] == minus_inf ? C(0) : top[r];
-          rescale[r] = m[r] == minus_inf ? C(0) : m[r] - top[r];
-          total[r] = C(0);
+          // A row with every score masked has l = 0: 0/0 = NaN, as softmax gives.
+          for (int64_t f = 0; f < F; ++f) ob[(i0 + r) * om.ld + f] = acc[r * F + f] / l[r];
+          ld[b * L + i0 + r] = m[r] + std::log(l[r]);
         }
-        exp_in_place(rescale.data(), rows);
-        // P = exp(S - shift) in one exp over the tile. The causally masked scores (first in each
-        // column) go in as 0 and come out as 0: libmvec's exp takes a slow scalar path for -inf.
-        for (int64_t c = 0; c < cols; ++c) {
-          C* column = t + c * rows;
-          const int64_t first = scores.first_live(c, j0, i0, rows);
-          std::fill(column, column + first, C(0));
-          for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
-        }
-        exp_in_place(t, rows * cols);
-        for (int64_t c = 0; c < cols; ++c) {
-          C* column = t + c * rows;
-          std::fill(column, column + scores.first_live(c, j0, i0, rows), C(0));
-          for (int64_t r = 0; r < rows; ++r) total[r] += column[r];
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          l[r] = l[r] * rescale[r] + total[r];
-          m[r] = top[r];
-          for (int64_t f = 0; f < F; ++f) acc[r * F + f] *= rescale[r];
-        }
-        const Tensor keep = scores.keep(b, i0, rows, j0, cols);
-        const C* p = t;
-        if (keep.defined()) {
-          scores.drop(keep, rows, cols, t, dropped.data());
-          p = dropped.data();
-        }
-        // O_i += P V_j, with P^T in hand.
-        gemm(true, false, rows, F, cols, C(1), p, rows, vb + j0 * vm.ld, vm.ld, C(1), acc.data(), F);
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        // A row with every score masked has l = 0: 0/0 = NaN, as softmax gives.
-        for (int64_t f = 0; f < F; ++f) ob[(i0 + r) * om.ld + f] = acc[r * F + f] / l[r];
-        ld[b * L + i0 + r] = m[r] + std::log(l[r]);
       }
     }
-  }
+  });
 }
 
 template <class C>
@@ -332,62 +340,67 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
   const auto qm = matrices<C>(q), km = matrices<C>(k), vm = matrices<C>(v), gm = matrices<C>(g), om = matrices<C>(out);
   const auto dqm = matrices<C>(dq), dkm = matrices<C>(dk), dvm = matrices<C>(dv);
   const C minus_inf = -std::numeric_limits<C>::infinity();
-  std::vector<C> pt(static_cast<size_t>(kRows * kCols)), dpt(pt.size()), dropped(pt.size()), D(kRows), shift(kRows);
-  std::vector<C> qt, gt;
-  for (int64_t b = 0; b < scores.batches(); ++b) {
-    const C* qb = qm[b];
-    const C* kb = km[b];
-    const C* vb = vm[b];
-    const C* gb = gm[b];
-    const C* ob = om[b];
-    const C* lb = lse.data<C>() + b * L;
-    C* dqb = dqm[b];
-    C* dkb = dkm[b];
-    C* dvb = dvm[b];
-    transposed(qb, L, E, qm.ld, qt);
-    transposed(gb, L, F, gm.ld, gt);
-    for (int64_t i0 = 0; i0 < L; i0 += scores.row_block()) {
-      const int64_t rows = std::min(scores.row_block(), L - i0);
-      for (int64_t r = 0; r < rows; ++r) {
-        C total = 0;
-#pragma omp simd reduction(+ : total)
-        for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * gm.ld + f] * ob[(i0 + r) * om.ld + f];
-        D[r] = total;
-        // A row masked everywhere has lse = -inf: shifted by 0 it stays -inf.
-        shift[r] = lb[i0 + r] == minus_inf ? C(0) : lb[i0 + r];
-      }
-      for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
-        const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
-        // P^T = exp(S^T - lse) in one exp over the tile, the causally masked scores 0 (as forward).
-        scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, pt.data());
-        for (int64_t c = 0; c < cols; ++c) {
-          C* column = pt.data() + c * rows;
-          const int64_t first = scores.first_live(c, j0, i0, rows);
-          std::fill(column, column + first, C(0));
-          for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
+  parallel_for(scores.batches(), kBatchGrain, [&](int64_t b_begin, int64_t b_end) {
+    std::vector<C> pt(static_cast<size_t>(kRows * kCols)), dpt(pt.size()), dropped(pt.size()), D(kRows), shift(kRows);
+    std::vector<C> qt, gt;
+    for (int64_t b = b_begin; b < b_end; ++b) {
+      const C* qb = qm[b];
+      const C* kb = km[b];
+      const C* vb = vm[b];
+      const C* gb = gm[b];
+      const C* ob = om[b];
+      const C* lb = lse.data<C>() + b * L;
+      C* dqb = dqm[b];
+      C* dkb = dkm[b];
+      C* dvb = dvm[b];
+      transposed(qb, L, E, qm.ld, qt);
+      transposed(gb, L, F, gm.ld, gt);
+      for (int64_t i0 = 0; i0 < L; i0 += scores.row_block()) {
+        const int64_t rows = std::min(scores.row_block(), L - i0);
+        for (int64_t r = 0; r < rows; ++r) {
+          C total = 0;
+  #pragma omp simd reduction(+ : total)
+          for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * gm.ld + f] * ob[(i0 + r) * om.ld + f];
+          D[r] = total;
+          // A row masked everywhere has lse = -inf: shifted by 0 it stays -inf.
+          shift[r] = lb[i0 + r] == minus_inf ? C(0) : lb[i0 + r];
         }
-        exp_in_place(pt.data(), rows * cols);
-        for (int64_t c = 0; c < cols; ++c)
-          std::fill(pt.data() + c * rows, pt.data() + c * rows + scores.first_live(c, j0, i0, rows), C(0));
-        // dP^T (of the dropped weights) = V_j dO_i^T.
-        gemm(false, false, cols, rows, F, C(1), vb + j0 * vm.ld, vm.ld, gt.data() + i0, L, C(0), dpt.data(), rows);
-        const Tensor keep = scores.keep(b, i0, rows, j0, cols);
-        const C* weights = pt.data();
-        if (keep.defined()) {
-          scores.drop(keep, rows, cols, pt.data(), dropped.data());
-          scores.drop(keep, rows, cols, dpt.data(), dpt.data());
-          weights = dropped.data();
+        for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
+          const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
+          // P^T = exp(S^T - lse) in one exp over the tile, the causally masked scores 0 (as forward).
+          scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, pt.data());
+          for (int64_t c = 0; c < cols; ++c) {
+            C* column = pt.data() + c * rows;
+            const int64_t first = scores.first_live(c, j0, i0, rows);
+            std::fill(column, column + first, C(0));
+            for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
+          }
+          exp_in_place(pt.data(), rows * cols);
+          for (int64_t c = 0; c < cols; ++c)
+            std::fill(pt.data() + c * rows, pt.data() + c * rows + scores.first_live(c, j0, i0, rows), C(0));
+          // dP^T (of the dropped weights) = V_j dO_i^T.
+          gemm(false, false, cols, rows, F, C(1), vb + j0 * vm.ld, vm.ld, gt.data() + i0, L, C(0), dpt.data(), rows);
+          const Tensor keep = scores.keep(b, i0, rows, j0, cols);
+          const C* weights = pt.data();
+          if (keep.defined()) {
+            scores.drop(keep, rows, cols, pt.data(), dropped.data());
+            scores.drop(keep, rows, cols, dpt.data(), dpt.data());
+            weights = dropped.data();
+          }
+          // dV_j += (P Z/(1-p))^T dO_i.
+          gemm(false, false, cols, F, rows, C(1), weights, rows, gb + i0 * gm.ld, gm.ld, C(1), dvb + j0 * dvm.ld,
+               dvm.ld);
+          // dS^T = P^T * (dP^T - D_i), into dpt.
+          for (int64_t c = 0; c < cols; ++c)
+            for (int64_t r = 0; r < rows; ++r) dpt[c * rows + r] = pt[c * rows + r] * (dpt[c * rows + r] - D[r]);
+          gemm(true, false, rows, E, cols, scale, dpt.data(), rows, kb + j0 * km.ld, km.ld, C(1), dqb + i0 * dqm.ld,
+               dqm.ld);
+          gemm(false, false, cols, E, rows, scale, dpt.data(), rows, qb + i0 * qm.ld, qm.ld, C(1), dkb + j0 * dkm.ld,
+               dkm.ld);
         }
-        // dV_j += (P Z/(1-p))^T dO_i.
-        gemm(false, false, cols, F, rows, C(1), weights, rows, gb + i0 * gm.ld, gm.ld, C(1), dvb + j0 * dvm.ld, dvm.ld);
-        // dS^T = P^T * (dP^T - D_i), into dpt.
-        for (int64_t c = 0; c < cols; ++c)
-          for (int64_t r = 0; r < rows; ++r) dpt[c * rows + r] = pt[c * rows + r] * (dpt[c * rows + r] - D[r]);
-        gemm(true, false, rows, E, cols, scale, dpt.data(), rows, kb + j0 * km.ld, km.ld, C(1), dqb + i0 * dqm.ld, dqm.ld);
-        gemm(false, false, cols, E, rows, scale, dpt.data(), rows, qb + i0 * qm.ld, qm.ld, C(1), dkb + j0 * dkm.ld, dkm.ld);
       }
     }
-  }
+  });
 }
 
 // The operand in the compute dtype, as the kernels can read it: itself when it already is (a

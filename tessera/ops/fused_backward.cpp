@@ -7,11 +7,17 @@
 #include <vector>
 
 #include <tessera/core/error.hpp>
+#include <tessera/ops/detail/parallel.hpp>
 #include <tessera/ops/detail/vector_math.hpp>
 
 namespace tessera {
 
 namespace {
+
+// The kernels run over a rank's intra-op threads (ops/detail/parallel.hpp): elementwise passes in
+// chunks of at least kElementGrain elements, row kernels in chunks of at least kRowGrain rows.
+constexpr int64_t kElementGrain = 1 << 14;
+constexpr int64_t kRowGrain = 64;
 
 // The dtype a kernel computes in: f64 stays, every other floating dtype goes through f32.
 DType compute_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
@@ -27,7 +33,7 @@ void check_pair(const char* op, const Tensor& grad, const Tensor& x) {
 }
 
 template <class C>
-void gelu_backward_run(const C* g, const C* x, C* out, int64_t n) {
+void gelu_backward_block(const C* g, const C* x, C* out, int64_t n) {
   constexpr C kInvSqrt2 = static_cast<C>(0.70710678118654752440);
   const C inv_sqrt_2pi = static_cast<C>(1.0 / std::sqrt(2.0 * std::numbers::pi));
   if constexpr (std::is_same_v<C, float>) {
@@ -51,7 +57,7 @@ void gelu_backward_run(const C* g, const C* x, C* out, int64_t n) {
 
 // f32 with y = gelu(x) = x Phi(x): Phi(x) = y / x, exact to a few ulp wherever x is not tiny
 // (there Phi is 1/2 to f32 precision), so only phi's exp is evaluated.
-void gelu_backward_from_output(const float* g, const float* x, const float* y, float* out, int64_t n) {
+void gelu_backward_from_output_block(const float* g, const float* x, const float* y, float* out, int64_t n) {
   const float inv_sqrt_2pi = static_cast<float>(1.0 / std::sqrt(2.0 * std::numbers::pi));
   constexpr int64_t kBlock = 256;
   float p[kBlock];
@@ -70,8 +76,8 @@ void gelu_backward_from_output(const float* g, const float* x, const float* y, f
 
 // Per row of n: dx = rstd (gw - xhat mean(gw xhat) - [centred] mean(gw)), gw = g w; and g xhat.
 template <class C>
-void norm_backward_run(const C* g, const C* x, const C* w, C* dx, C* gxhat, int64_t rows, int64_t n, double eps,
-                       bool centred) {
+void norm_backward_rows(const C* g, const C* x, const C* w, C* dx, C* gxhat, int64_t rows, int64_t n, double eps,
+                        bool centred) {
   std::vector<C> xhat(static_cast<size_t>(n)), gw(static_cast<size_t>(n));
   for (int64_t r = 0; r < rows; ++r) {
     const C* xr = x + r * n;
@@ -149,10 +155,33 @@ void cross_entropy_backward_run(const C* g, const C* x, const int64_t* t, C* out
 template <class C>
 void cross_entropy_backward_lanes(const C* g, const C* x, const int64_t* t, C* out, int64_t outer, int64_t n,
                                   int64_t inner, int64_t ignore_index) {
-  if (inner == 1)
-    cross_entropy_backward_run<true>(g, x, t, out, outer, n, inner, ignore_index);
-  else
-    cross_entropy_backward_run<false>(g, x, t, out, outer, n, inner, ignore_index);
+  detail::parallel_for(outer, kRowGrain, [&](int64_t b, int64_t e) {
+    const int64_t lane = b * inner, element = b * n * inner;
+    if (inner == 1)
+      cross_entropy_backward_run<true>(g + lane, x + element, t + lane, out + element, e - b, n, inner, ignore_index);
+    else
+      cross_entropy_backward_run<false>(g + lane, x + element, t + lane, out + element, e - b, n, inner, ignore_index);
+  });
+}
+
+template <class C>
+void gelu_backward_run(const C* g, const C* x, C* out, int64_t n) {
+  detail::parallel_for(n, kElementGrain,
+                       [&](int64_t b, int64_t e) { gelu_backward_block(g + b, x + b, out + b, e - b); });
+}
+
+void gelu_backward_from_output(const float* g, const float* x, const float* y, float* out, int64_t n) {
+  detail::parallel_for(n, kElementGrain, [&](int64_t b, int64_t e) {
+    gelu_backward_from_output_block(g + b, x + b, y + b, out + b, e - b);
+  });
+}
+
+template <class C>
+void norm_backward_run(const C* g, const C* x, const C* w, C* dx, C* gxhat, int64_t rows, int64_t n, double eps,
+                       bool centred) {
+  detail::parallel_for(rows, kRowGrain, [&](int64_t b, int64_t e) {
+    norm_backward_rows(g + b * n, x + b * n, w, dx + b * n, gxhat + b * n, e - b, n, eps, centred);
+  });
 }
 
 }  // namespace
