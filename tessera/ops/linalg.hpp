@@ -3,7 +3,8 @@
 //
 // Threads: BLAS runs one thread per calling thread by default, because ranks are threads and
 // nested BLAS threads would oversubscribe the cores. Call set_blas_threads(n) or set the
-// environment variable TESSERA_BLAS_THREADS=n before the first matmul to give BLAS n threads.
+// environment variable TESSERA_BLAS_THREADS=n before the first matmul to give BLAS n threads;
+// the kernels that split their work use as many (ops/detail/parallel.hpp).
 #include <optional>
 
 #include <tessera/core/export.hpp>
