@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <tessera/core/error.hpp>
+#include <tessera/ops/detail/class_targets.hpp>
 #include <tessera/ops/detail/parallel.hpp>
 #include <tessera/ops/detail/vector_math.hpp>
 
@@ -245,13 +246,8 @@ Tensor cross_entropy_backward(const Tensor& grad, const Tensor& logits, const Te
                 " must have the shape ", losses.to_string(), " of logits ", logits.shape().to_string(),
                 " without the class dim (floating logits, integer targets)");
   const int64_t classes = logits.size(class_dim);
-  const Tensor t = target.to(DType::i64).contiguous();
-  const int64_t count = t.numel();
-  const int64_t* ts = count > 0 ? t.data<int64_t>() : nullptr;
-  for (int64_t k = 0; k < count; ++k)
-    TESSERA_CHECK(ts[k] == ignore_index || (ts[k] >= 0 && ts[k] < classes), ValueError, op, "target ", ts[k],
-                  " out of range for logits ", logits.shape().to_string(), "; expected a class in [0, ", classes,
-                  ") or ignore_index ", ignore_index);
+  const Tensor t = detail::checked_class_targets(target, classes, ignore_index, logits.shape(), op);
+  const int64_t* ts = t.numel() > 0 ? t.data<int64_t>() : nullptr;
   const Tensor x = as_compute(logits), g = grad.to(x.dtype()).contiguous();
   Tensor out = empty(logits.shape(), x.dtype());
   if (out.numel() > 0) {

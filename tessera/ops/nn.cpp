@@ -19,6 +19,7 @@
 
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
+#include <tessera/ops/detail/class_targets.hpp>
 #include <tessera/ops/detail/derivatives.hpp>
 #include <tessera/ops/detail/vector_math.hpp>
 #include <tessera/ops/elementwise.hpp>
@@ -324,6 +325,18 @@ void record_cross_entropy(Tensor& out, const Tensor& logits, const Tensor& targe
 
 }  // namespace
 
+Tensor detail::checked_class_targets(const Tensor& target, int64_t classes, int64_t ignore_index, const Shape& logits,
+                                     const char* op) {
+  const Tensor t = target.to(DType::i64).contiguous();
+  const int64_t count = t.numel();
+  const int64_t* ts = count > 0 ? t.data<int64_t>() : nullptr;
+  for (int64_t k = 0; k < count; ++k)
+    TESSERA_CHECK(ts[k] == ignore_index || (ts[k] >= 0 && ts[k] < classes), ValueError, op, "target ", ts[k],
+                  " out of range for logits shape ", logits.to_string(), " with ", classes,
+                  " classes; expected a class in [0, ", classes, ") or ignore_index ", ignore_index);
+  return t;
+}
+
 std::optional<int64_t> embedding_padding_index(std::optional<int64_t> padding_idx, const Shape& weight_shape) {
   if (!padding_idx) return std::nullopt;
   const int64_t num = weight_shape.size() >= 1 ? weight_shape[0] : 0, p = *padding_idx;
@@ -455,13 +468,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   TESSERA_CHECK(is_integral(target.dtype()), ValueError, op, "target of shape ", target.shape().to_string(),
                 " has dtype ", name(target.dtype()), "; expected class indices of an integer dtype (i32, i64 or u8)");
   const int64_t classes = logits.size(class_dim);
-  const Tensor tgt = target.to(DType::i64).contiguous();
+  const Tensor tgt = detail::checked_class_targets(target, classes, ignore_index, logits.shape(), op);
   const int64_t count = tgt.numel();
   const int64_t* t = count > 0 ? tgt.data<int64_t>() : nullptr;
-  for (int64_t k = 0; k < count; ++k)
-    TESSERA_CHECK(t[k] == ignore_index || (t[k] >= 0 && t[k] < classes), ValueError, op, "target ", t[k],
-                  " out of range for logits shape ", logits.shape().to_string(), " with ", classes,
-                  " classes; expected a class in [0, ", classes, ") or ignore_index ", ignore_index);
 
   Tensor result = visit_floating(logits.dtype(), op, [&]<class T>(TypeTag<T>) {
     using C = compute_t<T>;
