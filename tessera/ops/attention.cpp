@@ -39,15 +39,6 @@ namespace tessera {
 
 namespace {
 
-// x = exp(x): f32 through the vector math library.
-template <class C>
-void exp_in_place(C* x, int64_t n) {
-  if constexpr (std::is_same_v<C, float>)
-    detail::vexp(x, x, n);
-  else
-    for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
-}
-
 constexpr int64_t kRows = 64;
 constexpr int64_t kCols = 128;
 // Causal: smaller row blocks, each with tiles only as wide as its last row attends, so that most
@@ -214,6 +205,20 @@ class Scores {
     }
   }
 
+  // st[c, r] = exp(st[c, r] - shift[r]) over the tile at columns j0.., rows i0..: one exp for the
+  // whole tile. The causally masked scores (first in each column) go in as 0 and come out as 0,
+  // since libmvec's exp takes a slow scalar path for -inf.
+  void exponentiate(C* st, const C* shift, int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
+    for (int64_t c = 0; c < cols; ++c) {
+      C* column = st + c * rows;
+      const int64_t first = first_live(c, j0, i0, rows);
+      std::fill(column, column + first, C(0));
+      for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
+    }
+    detail::vexp(st, st, rows * cols);
+    for (int64_t c = 0; c < cols; ++c) std::fill(st + c * rows, st + c * rows + first_live(c, j0, i0, rows), C(0));
+  }
+
   // st[c, r] scaled by the dropout keep-mask z [rows, cols] of the tile: kept / (1 - p), else 0.
   void drop(const Tensor& keep, int64_t rows, int64_t cols, const C* st, C* out) const {
     const bool* z = keep.data<bool>();
@@ -238,7 +243,6 @@ class Scores {
     return random_block(call_.draw, call_.scores_shape, begin, block);
   }
 
-  C keep_scale() const { return keep_scale_; }
   int64_t L() const { return L_; }
   int64_t S() const { return S_; }
 
@@ -292,21 +296,11 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
             rescale[r] = m[r] == minus_inf ? C(0) : m[r] - top[r];
             total[r] = C(0);
           }
-          exp_in_place(rescale.data(), rows);
-          // P = exp(S - shift) in one exp over the tile. The causally masked scores (first in each
-          // column) go in as 0 and come out as 0: libmvec's exp takes a slow scalar path for -inf.
-          for (int64_t c = 0; c < cols; ++c) {
-            C* column = t + c * rows;
-            const int64_t first = scores.first_live(c, j0, i0, rows);
-            std::fill(column, column + first, C(0));
-            for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
-          }
-          exp_in_place(t, rows * cols);
-          for (int64_t c = 0; c < cols; ++c) {
-            C* column = t + c * rows;
-            std::fill(column, column + scores.first_live(c, j0, i0, rows), C(0));
-            for (int64_t r = 0; r < rows; ++r) total[r] += column[r];
-          }
+          detail::vexp(rescale.data(), rescale.data(), rows);
+          // P = exp(S - shift), summed per row.
+          scores.exponentiate(t, shift.data(), i0, rows, j0, cols);
+          for (int64_t c = 0; c < cols; ++c)
+            for (int64_t r = 0; r < rows; ++r) total[r] += t[c * rows + r];
           for (int64_t r = 0; r < rows; ++r) {
             l[r] = l[r] * rescale[r] + total[r];
             m[r] = top[r];
@@ -359,7 +353,7 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
         const int64_t rows = std::min(scores.row_block(), L - i0);
         for (int64_t r = 0; r < rows; ++r) {
           C total = 0;
-  #pragma omp simd reduction(+ : total)
+#pragma omp simd reduction(+ : total)
           for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * gm.ld + f] * ob[(i0 + r) * om.ld + f];
           D[r] = total;
           // A row masked everywhere has lse = -inf: shifted by 0 it stays -inf.
@@ -367,17 +361,9 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
         }
         for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
           const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
-          // P^T = exp(S^T - lse) in one exp over the tile, the causally masked scores 0 (as forward).
+          // P^T = exp(S^T - lse).
           scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, pt.data());
-          for (int64_t c = 0; c < cols; ++c) {
-            C* column = pt.data() + c * rows;
-            const int64_t first = scores.first_live(c, j0, i0, rows);
-            std::fill(column, column + first, C(0));
-            for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
-          }
-          exp_in_place(pt.data(), rows * cols);
-          for (int64_t c = 0; c < cols; ++c)
-            std::fill(pt.data() + c * rows, pt.data() + c * rows + scores.first_live(c, j0, i0, rows), C(0));
+          scores.exponentiate(pt.data(), shift.data(), i0, rows, j0, cols);
           // dP^T (of the dropped weights) = V_j dO_i^T.
           gemm(false, false, cols, rows, F, C(1), vb + j0 * vm.ld, vm.ld, gt.data() + i0, L, C(0), dpt.data(), rows);
           const Tensor keep = scores.keep(b, i0, rows, j0, cols);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <numbers>
 #include <vector>
 
@@ -112,12 +111,6 @@ void norm_backward_rows(const C* g, const C* x, const C* w, C* dx, C* gxhat, int
   }
 }
 
-// exp of n contiguous values in place: the vector math library for f32.
-void exp_in_place(float* v, int64_t n) { detail::vexp(v, v, n); }
-void exp_in_place(double* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) v[i] = std::exp(v[i]);
-}
-
 // Logits [outer, n, inner] with class dim n; target and grad [outer, inner]. Each lane's classes
 // are copied out once (contiguous for the vector exp), shifted by their max and exponentiated;
 // the gradient is written from them in one more pass. kRows: inner == 1 (a row per target, the
@@ -137,16 +130,8 @@ void cross_entropy_backward_run(const C* g, const C* x, const int64_t* t, C* out
         continue;
       }
       for (int64_t i = 0; i < n; ++i) e[i] = xl[i * inner];
-      // A NaN logit is skipped by the max but reaches the sum below, so the lane is NaN all the same.
-      C m = -std::numeric_limits<C>::infinity();
-#pragma omp simd reduction(max : m)
-      for (int64_t i = 0; i < n; ++i) m = std::max(m, e[i]);
-      for (int64_t i = 0; i < n; ++i) e[i] -= m;
-      exp_in_place(e.data(), n);
-      C total = 0;
-#pragma omp simd reduction(+ : total)
-      for (int64_t i = 0; i < n; ++i) total += e[i];
-      const C scale = g[k] / total;
+      C max = 0;
+      const C scale = g[k] / detail::exp_minus_max(e.data(), n, max);
       for (int64_t i = 0; i < n; ++i) ol[i * inner] = e[i] * scale;
       ol[t[k] * inner] -= g[k];
     }

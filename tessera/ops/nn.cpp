@@ -272,17 +272,7 @@ void lane_logsumexp(const T* x, const Split& s, std::vector<compute_t<T>>& max_o
       for (int64_t o = 0; o < s.outer; ++o) {
         const T* xr = x + o * n;
         for (int64_t i = 0; i < n; ++i) e[i] = static_cast<C>(xr[i]);
-        // A NaN is skipped by the max but reaches the sum, so the loss is NaN all the same.
-        C m = neg_inf<C>();
-#pragma omp simd reduction(max : m)
-        for (int64_t i = 0; i < n; ++i) m = std::max(m, e[i]);
-        for (int64_t i = 0; i < n; ++i) e[i] -= m;
-        detail::vexp(e.data(), e.data(), n);
-        C total = 0;
-#pragma omp simd reduction(+ : total)
-        for (int64_t i = 0; i < n; ++i) total += e[i];
-        max_out[o] = m;
-        log_sum_out[o] = std::log(total);
+        log_sum_out[o] = std::log(detail::exp_minus_max(e.data(), n, max_out[o]));
       }
       return;
     }

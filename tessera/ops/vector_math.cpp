@@ -1,7 +1,9 @@
 #include <tessera/ops/detail/vector_math.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -108,3 +110,32 @@ void vtanh(const float* x, float* y, int64_t n) {
 }  // namespace tessera::detail
 
 #endif
+
+namespace tessera::detail {
+
+void vexp(const double* x, double* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::exp(x[i]);
+}
+
+namespace {
+
+template <class C>
+C exp_minus_max_of(C* v, int64_t n, C& max) {
+  C m = -std::numeric_limits<C>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, v[i]);
+  for (int64_t i = 0; i < n; ++i) v[i] -= m;
+  vexp(v, v, n);
+  C total = 0;
+#pragma omp simd reduction(+ : total)
+  for (int64_t i = 0; i < n; ++i) total += v[i];
+  max = m;
+  return total;
+}
+
+}  // namespace
+
+float exp_minus_max(float* v, int64_t n, float& max) { return exp_minus_max_of(v, n, max); }
+double exp_minus_max(double* v, int64_t n, double& max) { return exp_minus_max_of(v, n, max); }
+
+}  // namespace tessera::detail
