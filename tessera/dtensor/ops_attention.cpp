@@ -21,7 +21,7 @@ constexpr const char* kOp = "scaled_dot_product_attention";
 struct Saved {
   DeviceMesh mesh;
   std::shared_ptr<const Layout> q, k, v, out;
-  Tensor q_local, k_local, v_local, mask_local, out_local, lse;
+  Tensor q_local, k_local, v_local, mask_local, out_local, lse, probs;
   detail::AttentionCall call;
 };
 
@@ -43,7 +43,8 @@ std::vector<DTensor> backward(const Saved& s, const DTensor& g) {
   const Tensor g_local = g.redistribute(s.mesh, *s.out).to_local();
   detail::AttentionCall call = s.call;
   call.mask = s.mask_local.defined() ? &s.mask_local : nullptr;
-  const auto grads = detail::attention_backward(g_local, s.q_local, s.k_local, s.v_local, s.out_local, s.lse, call);
+  const auto grads =
+      detail::attention_backward(g_local, s.q_local, s.k_local, s.v_local, s.out_local, s.lse, call, s.probs);
   return {detail::DTensorAccess::make(grads[0], s.mesh, s.q),
           detail::DTensorAccess::make(grads[1], s.mesh, summed_over_rows(*s.k, *s.q)),
           detail::DTensorAccess::make(grads[2], s.mesh, summed_over_rows(*s.v, *s.q))};
@@ -64,6 +65,7 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
   detail::AttentionCall& call = saved->call;
   call = detail::attention_call(detail::attention_operands(q, k, v, attn_mask, kOp), dropout_p, is_causal, scale, kOp);
 
+  const bool grads = autograd::needs_grad<DTensor>({&q, &k, &v});
   std::vector<const DTensor*> inputs{&q, &k, &v};
   if (attn_mask) inputs.push_back(&*attn_mask);
   DTensor out = detail::dispatch(
@@ -80,9 +82,10 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
         saved->q_local = locals[0];
         saved->k_local = locals[1];
         saved->v_local = locals[2];
-        return detail::attention_forward(locals[0], locals[1], locals[2], call, saved->lse);
+        return detail::attention_forward(locals[0], locals[1], locals[2], call, saved->lse,
+                                         grads ? &saved->probs : nullptr);
       });
-  if (autograd::needs_grad<DTensor>({&q, &k, &v})) {
+  if (grads) {
     saved->mesh = q.device_mesh();
     saved->out = detail::DTensorAccess::layout_ptr(out);
     saved->out_local = detail::DTensorAccess::local(out);

@@ -117,15 +117,34 @@ Tensor empty_in_order_of(const Shape& shape, DType dtype, const Tensor& like, bo
   return storage.permute(inverse);
 }
 
+// Per row r of a tile t [cols, rows]: acc[r] = op(acc[r], t[c, r]) over the columns c. The rows
+// go a vector register at a time, held there across the columns: a running acc in memory would
+// make each column wait on the last one's store.
+template <class C, class Op>
+void fold_columns(const C* t, int64_t rows, int64_t cols, C* acc, Op op) {
+  constexpr int64_t kLanes = 64 / sizeof(C);
+  int64_t r0 = 0;
+  for (; r0 + kLanes <= rows; r0 += kLanes) {
+    C lanes[kLanes];
+    std::copy(acc + r0, acc + r0 + kLanes, lanes);
+    for (int64_t c = 0; c < cols; ++c) {
+      const C* column = t + c * rows + r0;
+#pragma omp simd
+      for (int64_t r = 0; r < kLanes; ++r) lanes[r] = op(lanes[r], column[r]);
+    }
+    std::copy(lanes, lanes + kLanes, acc + r0);
+  }
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t r = r0; r < rows; ++r) acc[r] = op(acc[r], t[c * rows + r]);
+}
+
 // m [rows, cols] (leading dimension ld) transposed into out [cols, rows]: the tiles' products
 // then read Q^T and dO^T as plain operands, since OpenBLAS's small-matrix kernels (no packing)
 // take A B but not A B^T, which goes through the packed path at half the speed.
 template <class C>
 void transposed(const C* m, int64_t rows, int64_t cols, int64_t ld, std::vector<C>& out) {
   out.resize(static_cast<size_t>(rows * cols));
-  C* o = out.data();
-  for (int64_t c = 0; c < cols; ++c)
-    for (int64_t r = 0; r < rows; ++r) o[c * rows + r] = m[r * ld + c];
+  if (rows > 0 && cols > 0) detail::transpose(rows, cols, m, ld, out.data(), rows);
 }
 
 // The scores [batch..., L, S] of q [batch..., L, E] and k [batch..., S, E], one batch entry and
@@ -179,14 +198,21 @@ class Scores {
   }
 
   // st[c, r] for columns j0.., rows i0..: scale * k_c . q_r, masked. qt: this batch entry's Q
-  // transposed, [e, L].
+  // transposed, [e, L]. The causally masked scores are set to -inf only with `causal_inf`: what
+  // exponentiate() makes of them does not depend on it, only a max over the tile does.
   void fill(int64_t b, const C* k, int64_t ldk, const C* qt, int64_t e, int64_t i0, int64_t rows, int64_t j0,
-            int64_t cols, C* st) const {
+            int64_t cols, C* st, bool causal_inf) const {
     gemm(false, false, cols, rows, e, static_cast<C>(call_.scale), k + j0 * ldk, ldk, qt + i0, L_, C(0), st, rows);
     const C minus_inf = -std::numeric_limits<C>::infinity();
-    if (call_.is_causal) {
-      for (int64_t c = 0; c < cols; ++c)
-        std::fill(st + c * rows, st + c * rows + first_live(c, j0, i0, rows), minus_inf);
+    // The causal prefixes by a select over the whole column (vectorised): a fill per column was a
+    // library call for a few elements.
+    if (call_.is_causal && causal_inf) {
+      for (int64_t c = 0; c < cols; ++c) {
+        C* column = st + c * rows;
+        const int64_t first = first_live(c, j0, i0, rows);
+#pragma omp simd
+        for (int64_t r = 0; r < rows; ++r) column[r] = r < first ? minus_inf : column[r];
+      }
     }
     if (!mask_.defined()) return;
     const Strides& strides = mask_.strides();
@@ -207,16 +233,24 @@ class Scores {
 
   // st[c, r] = exp(st[c, r] - shift[r]) over the tile at columns j0.., rows i0..: one exp for the
   // whole tile. The causally masked scores (first in each column) go in as 0 and come out as 0,
-  // since libmvec's exp takes a slow scalar path for -inf.
-  void exponentiate(C* st, const C* shift, int64_t i0, int64_t rows, int64_t j0, int64_t cols) const {
+  // since libmvec's exp takes a slow scalar path for -inf. With `total`, each row's sum is added
+  // to it.
+  void exponentiate(C* st, const C* shift, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+                    C* total = nullptr) const {
     for (int64_t c = 0; c < cols; ++c) {
       C* column = st + c * rows;
       const int64_t first = first_live(c, j0, i0, rows);
-      std::fill(column, column + first, C(0));
-      for (int64_t r = first; r < rows; ++r) column[r] -= shift[r];
+#pragma omp simd
+      for (int64_t r = 0; r < rows; ++r) column[r] = r < first ? C(0) : column[r] - shift[r];
     }
     detail::vexp(st, st, rows * cols);
-    for (int64_t c = 0; c < cols; ++c) std::fill(st + c * rows, st + c * rows + first_live(c, j0, i0, rows), C(0));
+    for (int64_t c = 0; c < cols; ++c) {
+      C* column = st + c * rows;
+      const int64_t first = first_live(c, j0, i0, rows);
+#pragma omp simd
+      for (int64_t r = 0; r < rows; ++r) column[r] = r < first ? C(0) : column[r];
+    }
+    if (total) fold_columns(st, rows, cols, total, [](C a, C b) { return a + b; });
   }
 
   // st[c, r] scaled by the dropout keep-mask z [rows, cols] of the tile: kept / (1 - p), else 0.
@@ -257,14 +291,32 @@ class Scores {
   C keep_scale_ = 1;
 };
 
+// p [cols, rows] = the tile t [cols, rows] of exp(S - m) divided by its rows' sums l: the softmax
+// P (p may be t). A row with nothing to attend to (l = 0) gets 0, as the backward's
+// recomputation gives it; its output is set to NaN apart.
+template <class C>
+void normalise(const C* t, int64_t rows, int64_t cols, const C* l, C* p) {
+  C inverse[kRows];
+  for (int64_t r = 0; r < rows; ++r) inverse[r] = l[r] > C(0) ? C(1) / l[r] : C(0);
+  for (int64_t c = 0; c < cols; ++c) {
+    const C* column = t + c * rows;
+    C* out = p + c * rows;
+#pragma omp simd
+    for (int64_t r = 0; r < rows; ++r) out[r] = column[r] * inverse[r];
+  }
+}
+
 template <class C>
 void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const detail::AttentionCall& call, Tensor& out,
-                    Tensor& lse) {
+                    Tensor& lse, Tensor& probs) {
   const Scores<C> scores(call, q.shape(), k.shape());
   const int64_t L = scores.L(), S = scores.S(), E = q.shape()[q.ndim() - 1], F = v.shape()[v.ndim() - 1];
   const auto qm = matrices<C>(q), km = matrices<C>(k), vm = matrices<C>(v);
   const auto om = matrices<C>(out);
   C* ld = lse.data<C>();
+  C* saved = probs.defined() ? probs.data<C>() : nullptr;
+  // A row's scores all in one tile: its softmax is final there, and P is normalised before P V.
+  const bool one_tile = S <= kCols;
   const C minus_inf = -std::numeric_limits<C>::infinity();
   // Batch entries are independent: split over the rank's intra-op threads, each with its buffers.
   parallel_for(scores.batches(), kBatchGrain, [&](int64_t b_begin, int64_t b_end) {
@@ -284,13 +336,12 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
         for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
           const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
           C* t = st.data();
-          scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, t);
+          scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, t, /*causal_inf=*/true);
           // The rows' new maxima (masked scores are -inf), their shift (0 for a row with nothing to
           // attend to yet: its scores stay -inf) and the rescale of what they had, exp(m - top)
           // (exp(0) for a row's first scores, whose l and acc are still 0).
           std::copy(m.begin(), m.begin() + rows, top.begin());
-          for (int64_t c = 0; c < cols; ++c)
-            for (int64_t r = 0; r < rows; ++r) top[r] = std::max(top[r], t[c * rows + r]);
+          fold_columns(t, rows, cols, top.data(), [](C a, C b) { return std::max(a, b); });
           for (int64_t r = 0; r < rows; ++r) {
             shift[r] = top[r] == minus_inf ? C(0) : top[r];
             rescale[r] = m[r] == minus_inf ? C(0) : m[r] - top[r];
@@ -298,13 +349,17 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
           }
           detail::vexp(rescale.data(), rescale.data(), rows);
           // P = exp(S - shift), summed per row.
-          scores.exponentiate(t, shift.data(), i0, rows, j0, cols);
-          for (int64_t c = 0; c < cols; ++c)
-            for (int64_t r = 0; r < rows; ++r) total[r] += t[c * rows + r];
+          scores.exponentiate(t, shift.data(), i0, rows, j0, cols, total.data());
           for (int64_t r = 0; r < rows; ++r) {
             l[r] = l[r] * rescale[r] + total[r];
             m[r] = top[r];
             for (int64_t f = 0; f < F; ++f) acc[r * F + f] *= rescale[r];
+          }
+          // With one tile: P itself, into the kept probabilities when the backward reads them.
+          if (one_tile) {
+            C* normalised = saved ? saved + (b * L + i0) * S : t;
+            normalise(t, rows, cols, l.data(), normalised);
+            t = normalised;
           }
           const Tensor keep = scores.keep(b, i0, rows, j0, cols);
           const C* p = t;
@@ -317,7 +372,10 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
         }
         for (int64_t r = 0; r < rows; ++r) {
           // A row with every score masked has l = 0: 0/0 = NaN, as softmax gives.
-          for (int64_t f = 0; f < F; ++f) ob[(i0 + r) * om.ld + f] = acc[r * F + f] / l[r];
+          if (one_tile && l[r] > C(0))
+            std::copy(acc.begin() + r * F, acc.begin() + (r + 1) * F, ob + (i0 + r) * om.ld);
+          else
+            for (int64_t f = 0; f < F; ++f) ob[(i0 + r) * om.ld + f] = acc[r * F + f] / l[r];
           ld[b * L + i0 + r] = m[r] + std::log(l[r]);
         }
       }
@@ -327,16 +385,18 @@ void forward_kernel(const Tensor& q, const Tensor& k, const Tensor& v, const det
 
 template <class C>
 void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                     const Tensor& lse, const detail::AttentionCall& call, Tensor& dq, Tensor& dk, Tensor& dv) {
+                     const Tensor& lse, const Tensor& probs, const detail::AttentionCall& call, Tensor& dq, Tensor& dk,
+                     Tensor& dv) {
   const Scores<C> scores(call, q.shape(), k.shape());
   const int64_t L = scores.L(), S = scores.S(), E = q.shape()[q.ndim() - 1], F = v.shape()[v.ndim() - 1];
   const C scale = static_cast<C>(call.scale);
   const auto qm = matrices<C>(q), km = matrices<C>(k), vm = matrices<C>(v), gm = matrices<C>(g), om = matrices<C>(out);
   const auto dqm = matrices<C>(dq), dkm = matrices<C>(dk), dvm = matrices<C>(dv);
   const C minus_inf = -std::numeric_limits<C>::infinity();
+  const C* saved = probs.defined() ? probs.data<C>() : nullptr;
   parallel_for(scores.batches(), kBatchGrain, [&](int64_t b_begin, int64_t b_end) {
     std::vector<C> pt(static_cast<size_t>(kRows * kCols)), dpt(pt.size()), dropped(pt.size()), D(kRows), shift(kRows);
-    std::vector<C> qt, gt;
+    std::vector<C> qt, gt, ot;
     for (int64_t b = b_begin; b < b_end; ++b) {
       const C* qb = qm[b];
       const C* kb = km[b];
@@ -347,29 +407,36 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
       C* dqb = dqm[b];
       C* dkb = dkm[b];
       C* dvb = dvm[b];
-      transposed(qb, L, E, qm.ld, qt);
+      if (!saved) transposed(qb, L, E, qm.ld, qt);
       transposed(gb, L, F, gm.ld, gt);
+      transposed(ob, L, F, om.ld, ot);
       for (int64_t i0 = 0; i0 < L; i0 += scores.row_block()) {
         const int64_t rows = std::min(scores.row_block(), L - i0);
-        for (int64_t r = 0; r < rows; ++r) {
-          C total = 0;
-#pragma omp simd reduction(+ : total)
-          for (int64_t f = 0; f < F; ++f) total += gb[(i0 + r) * gm.ld + f] * ob[(i0 + r) * om.ld + f];
-          D[r] = total;
-          // A row masked everywhere has lse = -inf: shifted by 0 it stays -inf.
-          shift[r] = lb[i0 + r] == minus_inf ? C(0) : lb[i0 + r];
+        // D_i = rowsum(dO_i * O_i), elementwise over the rows from dO^T and O^T.
+        std::fill(D.begin(), D.end(), C(0));
+        for (int64_t f = 0; f < F; ++f) {
+          const C* gf = gt.data() + f * L + i0;
+          const C* of = ot.data() + f * L + i0;
+          C* d = D.data();
+#pragma omp simd
+          for (int64_t r = 0; r < rows; ++r) d[r] += gf[r] * of[r];
         }
+        // A row masked everywhere has lse = -inf: shifted by 0 it stays -inf.
+        for (int64_t r = 0; r < rows; ++r) shift[r] = lb[i0 + r] == minus_inf ? C(0) : lb[i0 + r];
         for (int64_t j0 = 0; j0 < S && !scores.skipped(i0 + rows - 1, j0); j0 += kCols) {
           const int64_t cols = scores.tile_cols(i0 + rows - 1, j0);
-          // P^T = exp(S^T - lse).
-          scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, pt.data());
-          scores.exponentiate(pt.data(), shift.data(), i0, rows, j0, cols);
+          // P^T = exp(S^T - lse), kept by the forward or recomputed.
+          const C* p = saved ? saved + (b * L + i0) * S : pt.data();
+          if (!saved) {
+            scores.fill(b, kb, km.ld, qt.data(), E, i0, rows, j0, cols, pt.data(), /*causal_inf=*/false);
+            scores.exponentiate(pt.data(), shift.data(), i0, rows, j0, cols);
+          }
           // dP^T (of the dropped weights) = V_j dO_i^T.
           gemm(false, false, cols, rows, F, C(1), vb + j0 * vm.ld, vm.ld, gt.data() + i0, L, C(0), dpt.data(), rows);
           const Tensor keep = scores.keep(b, i0, rows, j0, cols);
-          const C* weights = pt.data();
+          const C* weights = p;
           if (keep.defined()) {
-            scores.drop(keep, rows, cols, pt.data(), dropped.data());
+            scores.drop(keep, rows, cols, p, dropped.data());
             scores.drop(keep, rows, cols, dpt.data(), dpt.data());
             weights = dropped.data();
           }
@@ -378,7 +445,7 @@ void backward_kernel(const Tensor& g, const Tensor& q, const Tensor& k, const Te
                dvm.ld);
           // dS^T = P^T * (dP^T - D_i), into dpt.
           for (int64_t c = 0; c < cols; ++c)
-            for (int64_t r = 0; r < rows; ++r) dpt[c * rows + r] = pt[c * rows + r] * (dpt[c * rows + r] - D[r]);
+            for (int64_t r = 0; r < rows; ++r) dpt[c * rows + r] = p[c * rows + r] * (dpt[c * rows + r] - D[r]);
           gemm(true, false, rows, E, cols, scale, dpt.data(), rows, kb + j0 * km.ld, km.ld, C(1), dqb + i0 * dqm.ld,
                dqm.ld);
           gemm(false, false, cols, E, rows, scale, dpt.data(), rows, qb + i0 * qm.ld, qm.ld, C(1), dkb + j0 * dkm.ld,
@@ -456,7 +523,7 @@ detail::AttentionCall detail::attention_call(const AttentionOperands& operands, 
 }
 
 Tensor detail::attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call,
-                                 Tensor& lse) {
+                                 Tensor& lse, Tensor* probs) {
   const Tensor qc = compute_copy(q), kc = compute_copy(k), vc = compute_copy(v);
   const DType c = qc.dtype();
   Shape out_shape = q.shape();
@@ -465,20 +532,24 @@ Tensor detail::attention_forward(const Tensor& q, const Tensor& k, const Tensor&
   Shape lse_shape = batch_of(q.shape());
   lse_shape.push_back(q.shape()[q.ndim() - 2]);
   lse = empty(lse_shape, c);
-  if (c == DType::f64) forward_kernel<double>(qc, kc, vc, call, out, lse);
-  else forward_kernel<float>(qc, kc, vc, call, out, lse);
+  Tensor kept;
+  if (probs && k.shape()[k.ndim() - 2] <= kCols) kept = empty(Shape{lse.numel() * k.shape()[k.ndim() - 2]}, c);
+  if (c == DType::f64) forward_kernel<double>(qc, kc, vc, call, out, lse, kept);
+  else forward_kernel<float>(qc, kc, vc, call, out, lse, kept);
+  if (probs) *probs = kept;
   return out.to(q.dtype());
 }
 
 std::array<Tensor, 3> detail::attention_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
-                                                 const Tensor& out, const Tensor& lse, const AttentionCall& call) {
+                                                 const Tensor& out, const Tensor& lse, const AttentionCall& call,
+                                                 const Tensor& probs) {
   const Tensor gc = compute_copy(g), qc = compute_copy(q), kc = compute_copy(k), vc = compute_copy(v),
                oc = compute_copy(out);
   const DType c = qc.dtype();
   Tensor dq = empty_in_order_of(q.shape(), c, qc, true), dk = empty_in_order_of(k.shape(), c, kc, true),
          dv = empty_in_order_of(v.shape(), c, vc, true);
-  if (c == DType::f64) backward_kernel<double>(gc, qc, kc, vc, oc, lse, call, dq, dk, dv);
-  else backward_kernel<float>(gc, qc, kc, vc, oc, lse, call, dq, dk, dv);
+  if (c == DType::f64) backward_kernel<double>(gc, qc, kc, vc, oc, lse, probs, call, dq, dk, dv);
+  else backward_kernel<float>(gc, qc, kc, vc, oc, lse, probs, call, dq, dk, dv);
   return {dq.to(q.dtype()), dk.to(k.dtype()), dv.to(v.dtype())};
 }
 
@@ -491,15 +562,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   detail::AttentionCall call = detail::attention_call(detail::attention_operands(q, k, v, attn_mask, op), dropout_p,
                                                      is_causal, scale, op);
   call.mask = attn_mask ? &*attn_mask : nullptr;
-  Tensor lse;
-  Tensor out = detail::attention_forward(q, k, v, call, lse);
-  if (autograd::needs_grad<Tensor>({&q, &k, &v})) {
+  const bool grads = autograd::needs_grad<Tensor>({&q, &k, &v});
+  Tensor lse, probs;
+  Tensor out = detail::attention_forward(q, k, v, call, lse, grads ? &probs : nullptr);
+  if (grads) {
     const std::optional<Tensor> mask = attn_mask ? std::optional<Tensor>(attn_mask->detach()) : std::nullopt;
     autograd::record<Tensor>(op, out, {&q, &k, &v},
-                             [q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse, mask,
+                             [q = q.detach(), k = k.detach(), v = v.detach(), o = out.detach(), lse, probs, mask,
                               call](const Tensor& g) mutable {
                                call.mask = mask ? &*mask : nullptr;
-                               const auto grads = detail::attention_backward(g, q, k, v, o, lse, call);
+                               const auto grads = detail::attention_backward(g, q, k, v, o, lse, call, probs);
                                return std::vector<Tensor>{grads[0], grads[1], grads[2]};
                              });
   }

@@ -187,3 +187,50 @@ TEST(Attention, ReadsPermutedHeadsInPlace) {
     EXPECT_TRUE(allclose(v.grad(), vc.grad(), 1e-5, 1e-6));
   }
 }
+
+// The backward reads the probabilities its forward kept when every row's keys fit one tile (S <=
+// 128), and recomputes them otherwise; either way its gradients are those of the composition, in
+// f32, over shapes that cross the row blocks, causal or not, with a mask or with dropout.
+TEST(Attention, GradientsEqualThoseOfTheComposition) {
+  const std::vector<Shapes> shapes = {
+      {{5, 4}, {7, 4}, {7, 3}},                       // kept
+      {{2, 3, 70, 8}, {2, 3, 100, 8}, {2, 3, 100, 5}},  // kept, several row blocks
+      {{1, 64, 16}, {1, 128, 16}, {1, 128, 16}},        // kept, the widest tile
+      {{2, 3, 70, 8}, {2, 3, 150, 8}, {2, 3, 150, 5}},  // recomputed
+  };
+  const auto leaf = [](const Tensor& t) {
+    Tensor x = t.detach();
+    x.requires_grad_();
+    return x;
+  };
+  for (const auto& s : shapes) {
+    const int64_t L = s.q[s.q.size() - 2], S = s.k[s.k.size() - 2];
+    Shape out_shape = s.q;
+    out_shape[out_shape.size() - 1] = s.v[s.v.size() - 1];
+    Shape scores = s.q;
+    scores[scores.size() - 1] = S;
+    const Tensor mask = logical_or(gt(values({L, S}, 4), 0.2), eq(arange(S).reshape({1, S}), 0));
+    manual_seed(9);
+    const Tensor dropped = dropout_mask(scores, 0.3);
+    struct Case {
+      const char* name;
+      std::optional<Tensor> mask;
+      bool causal;
+      double p;
+    };
+    for (const Case& c : {Case{"plain", std::nullopt, false, 0}, Case{"causal", std::nullopt, true, 0},
+                          Case{"mask", mask, false, 0}, Case{"causal dropout", std::nullopt, true, 0.3}}) {
+      const Tensor q = leaf(values(s.q, 1)), k = leaf(values(s.k, 2)), v = leaf(values(s.v, 3));
+      const Tensor q64 = leaf(q.to(DType::f64)), k64 = leaf(k.to(DType::f64)), v64 = leaf(v.to(DType::f64));
+      const Tensor g = values(out_shape, 6);
+      const double scale = 0.6;
+      manual_seed(9);
+      scaled_dot_product_attention(q, k, v, c.mask, c.p, c.causal, scale).backward(g);
+      const std::optional<Tensor> keep = c.p > 0 ? std::optional<Tensor>(dropped) : std::nullopt;
+      reference(q64, k64, v64, c.mask, c.causal, scale, keep, c.p).backward(g.to(DType::f64));
+      EXPECT_TRUE(allclose(q.grad().to(DType::f64), q64.grad(), 1e-4, 1e-5)) << c.name << " " << s.k.to_string();
+      EXPECT_TRUE(allclose(k.grad().to(DType::f64), k64.grad(), 1e-4, 1e-5)) << c.name << " " << s.k.to_string();
+      EXPECT_TRUE(allclose(v.grad().to(DType::f64), v64.grad(), 1e-4, 1e-5)) << c.name << " " << s.k.to_string();
+    }
+  }
+}

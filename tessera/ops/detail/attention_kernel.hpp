@@ -43,11 +43,17 @@ AttentionCall attention_call(const AttentionOperands& operands, double dropout_p
                              std::optional<double> scale, const char* op);
 
 /// out [batch..., L, Ev] in q's dtype; `lse` receives the rows' log-sum-exp [batch..., L] in the
-/// compute dtype (f32, or f64 for f64 inputs), which the backward reuses.
-Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call, Tensor& lse);
+/// compute dtype (f32, or f64 for f64 inputs), which the backward reuses. With `probs`, it
+/// receives the softmax P itself when each row's scores fit one tile (S <= 128 keys), else an
+/// undefined tensor: given to this call's backward, P is read instead of recomputed (its scores
+/// gemm and exp), for memory of L * S per batch entry, at most 128 values per query row.
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionCall& call, Tensor& lse,
+                         Tensor* probs = nullptr);
 
-/// {dq, dk, dv} for the output gradient g, from the forward's out and lse.
+/// {dq, dk, dv} for the output gradient g, from the forward's out and lse, and its probs when
+/// defined (only those of the forward of these same operands and call).
 std::array<Tensor, 3> attention_backward(const Tensor& g, const Tensor& q, const Tensor& k, const Tensor& v,
-                                         const Tensor& out, const Tensor& lse, const AttentionCall& call);
+                                         const Tensor& out, const Tensor& lse, const AttentionCall& call,
+                                         const Tensor& probs = Tensor());
 
 }  // namespace tessera::detail
