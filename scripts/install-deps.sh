@@ -11,6 +11,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ make pkg-config   # toolchain
   libopenblas-dev                         # BLAS (sgemm/dgemm) for ops/linalg
+  libdnnl-dev                             # oneDNN: sgemm for the larger f32 products (ops/sgemm.cpp)
   libgtest-dev                            # GoogleTest: compiled libs + GTestConfig.cmake
   libbenchmark-dev                        # Google Benchmark (make bench)
   nlohmann-json3-dev                      # JSON

@@ -6,8 +6,11 @@
 // grows; O_i += P_ij V_j is the second gemm. Memory beyond the operands: one kRows x kCols tile.
 // The rows' log-sum-exp m + log(l) is kept for the backward.
 //
+// When a row's keys all fit one tile (S <= kCols), the forward's tile holds the final softmax:
+// it is normalised there and, when a backward will run, kept (L x S per batch entry) for it.
+//
 // Backward (flash-attention's): with D_i = rowsum(dO_i * O_i) and P_ij = exp(S_ij - lse_i)
-// recomputed per tile, dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P * (dP - D_i),
+// recomputed per tile (or read from the forward's), dV_j += P^T dO_i, dP = dO_i V_j^T, dS = P * (dP - D_i),
 // dQ_i += scale * dS K_j, dK_j += scale * dS^T Q_i. Dropout multiplies P by the keep-mask Z / (1-p)
 // where the forward did (in O and dV) and dP by it; D_i is unchanged since sum_j P Z dO.V = dO.O.
 //

@@ -88,8 +88,8 @@ void gemm_2d(const Tensor& a_in, const Tensor& b_in, Tensor& out, double beta) {
   const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   switch (out.dtype()) {
     case DType::f32:
-      cblas_sgemm(CblasRowMajor, oa.trans, ob.trans, M, N, K, 1.0f, a.data<float>(), static_cast<int>(oa.ld),
-                  b.data<float>(), static_cast<int>(ob.ld), static_cast<float>(beta), out.data<float>(), N);
+      detail::sgemm(oa.trans == CblasTrans, ob.trans == CblasTrans, M, N, K, 1.0f, a.data<float>(), oa.ld,
+                    b.data<float>(), ob.ld, static_cast<float>(beta), out.data<float>(), N);
       return;
     case DType::f64:
       cblas_dgemm(CblasRowMajor, oa.trans, ob.trans, M, N, K, 1.0, a.data<double>(), static_cast<int>(oa.ld),

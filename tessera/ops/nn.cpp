@@ -339,15 +339,20 @@ Tensor detail::embedding_backward(const Tensor& grad, const Tensor& indices, int
                                   std::optional<int64_t> skip_row) {
   const int64_t dim = grad.ndim() == 0 ? 1 : grad.shape()[grad.ndim() - 1], count = indices.numel();
   Tensor acc = zeros({rows, dim}, DType::f64);
-  const Tensor src_rows = grad.to(DType::f64).reshape({count, dim}).contiguous();
+  // Rows summed in f64, read in their own dtype when f32 or f64 (no widened copy of the gradient).
+  const DType read = grad.dtype() == DType::f32 ? DType::f32 : DType::f64;
+  const Tensor src_rows = grad.to(read).reshape({count, dim}).contiguous();
   const Tensor ids = indices.to(DType::i64).contiguous();
   const int64_t* id = count > 0 ? ids.data<int64_t>() : nullptr;
   double* dst = acc.data<double>();
-  const double* src = count > 0 ? src_rows.data<double>() : nullptr;
-  for (int64_t k = 0; k < count; ++k) {
-    if (id[k] < 0 || id[k] >= rows || (skip_row && id[k] == *skip_row)) continue;
-    for (int64_t j = 0; j < dim; ++j) dst[id[k] * dim + j] += src[k * dim + j];
-  }
+  const auto scatter = [&]<class S>(const S* src) {
+    for (int64_t k = 0; k < count; ++k) {
+      if (id[k] < 0 || id[k] >= rows || (skip_row && id[k] == *skip_row)) continue;
+      for (int64_t j = 0; j < dim; ++j) dst[id[k] * dim + j] += src[k * dim + j];
+    }
+  };
+  if (count > 0 && read == DType::f32) scatter(src_rows.data<float>());
+  else if (count > 0) scatter(src_rows.data<double>());
   return acc.to(dtype);
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -655,6 +656,30 @@ TEST(BlasThreads, SetAndRestore) {
   expect_matches(matmul(a, b), ref_matmul(a, b), 1e-12, 1e-12);
   set_blas_threads(initial);
   EXPECT_EQ(blas_threads(), initial);
+}
+
+// f32 products of m n k >= 2^21 go to oneDNN's sgemm when the build has it (ops/sgemm.cpp), the
+// smaller ones to OpenBLAS: both routes equal the reference, with every transposition of the
+// operands (as views), accumulation into the output (linear's bias, beta = 1), odd sizes and
+// two BLAS threads.
+TEST(BlasThreads, LargeAndSmallF32ProductsEqualTheReference) {
+  const int initial = blas_threads();
+  for (const int threads : {1, 2}) {
+    set_blas_threads(threads);
+    for (const auto& [m, k, n] : {std::array<int64_t, 3>{161, 131, 107}, std::array<int64_t, 3>{33, 17, 29}}) {
+      const Tensor a = wavy({m, k}, 1, DType::f32), b = wavy({k, n}, 2, DType::f32);
+      const Tensor at = wavy({k, m}, 1, DType::f32).t(), bt = wavy({n, k}, 2, DType::f32).t();
+      ASSERT_FALSE(at.is_contiguous());
+      const double tol = 1e-5;
+      expect_matches(matmul(a, b), ref_matmul(a, b), tol, tol);
+      expect_matches(matmul(at, b), ref_matmul(at.contiguous(), b), tol, tol);
+      expect_matches(matmul(a, bt), ref_matmul(a, bt.contiguous()), tol, tol);
+      expect_matches(matmul(at, bt), ref_matmul(at.contiguous(), bt.contiguous()), tol, tol);
+      const Tensor weight = wavy({n, k}, 3, DType::f32), bias = wavy({n}, 4, DType::f32);
+      expect_matches(linear(a, weight, bias), ref_linear(a, weight, bias), tol, tol);
+    }
+  }
+  set_blas_threads(initial);
 }
 
 TEST(BlasThreads, ErrorNotPositive) {
