@@ -101,6 +101,48 @@ void fsdp_per_block(nn::TransformerLM& m) {
 
 }  // namespace
 
+// The 1-rank step's matrix products alone, back to back, through matmul (the BLAS routes the step
+// takes): each Linear's forward x W^T, input gradient dY W and weight gradient dY^T x, and per
+// layer attention's six products on whole [L, S] scores (S = Q K^T and O = P V; dV = P^T dO,
+// dP = dO V^T, dQ = dS K and dK = dS^T Q), batched over batch and heads. What the step would take
+// if it were nothing but its products: its sgemm-bound floor.
+double products_floor_ms() {
+  const auto c = config();
+  const int64_t tokens = kBatch * c.max_seq, pairs = kBatch * c.heads, len = c.max_seq, head = c.dim / c.heads;
+  struct Product {
+    Tensor a, b;
+  };
+  std::vector<Product> products;
+  const auto linear = [&](int64_t in, int64_t out) {
+    const Tensor x = randn({tokens, in}), w = randn({out, in}), dy = randn({tokens, out});
+    products.push_back({x, w.t()});
+    products.push_back({dy, w});
+    products.push_back({dy.t(), x});
+  };
+  for (int64_t layer = 0; layer < c.layers; ++layer) {
+    for (int i = 0; i < 4; ++i) linear(c.dim, c.dim);  // q, k, v, o
+    linear(c.dim, c.hidden);
+    linear(c.hidden, c.dim);
+    const Tensor q = randn({pairs, len, head}), k = randn({pairs, len, head}), v = randn({pairs, len, head});
+    const Tensor p = randn({pairs, len, len}), d_out = randn({pairs, len, head});
+    products.push_back({q, k.transpose(1, 2)});
+    products.push_back({p, v});
+    products.push_back({p.transpose(1, 2), d_out});
+    products.push_back({d_out, v.transpose(1, 2)});
+    products.push_back({p, k});
+    products.push_back({p.transpose(1, 2), q});
+  }
+  linear(c.dim, c.vocab);  // the head
+  std::vector<double> times;
+  for (int step = 0; step < kWarmup + kSteps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    for (const Product& product : products) matmul(product.a, product.b);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (step >= kWarmup) times.push_back(seconds * 1e3);
+  }
+  return bench_util::median(times);
+}
+
 // One setup by name, as bench/peers/run_peers.py asks for it (the same names as the peers'
 // scripts): "setup=<name> step_ms=<median> ... peak_rss_mib=<all ranks>".
 int run_setup(const std::string& name) {
@@ -110,12 +152,16 @@ int run_setup(const std::string& name) {
   };
   const auto tp = [](nn::TransformerLM& m) { nn::parallelize_module(m, "tp", nn::transformer_tp_plan()); };
   Result r;
+  if (name == "floor") {
+    std::printf("setup=floor step_ms=%.2f\n", products_floor_ms());
+    return 0;
+  }
   if (name == "1rank") r = measure(1, {1, 1}, [](nn::TransformerLM&) {}, {Replicate{}, Replicate{}});
   else if (name == "dp4") r = measure(4, {4, 1}, [](nn::TransformerLM&) {}, {Shard{0}, Replicate{}});
   else if (name == "tp4") r = measure(4, {1, 4}, tp, {Replicate{}, Replicate{}});
   else if (name == "dp2xtp2") r = measure(4, {2, 2}, tp_and_fsdp, {Shard{0}, Replicate{}});
   else {
-    std::fprintf(stderr, "unknown setup '%s' (1rank, dp4, tp4, dp2xtp2)\n", name.c_str());
+    std::fprintf(stderr, "unknown setup '%s' (1rank, dp4, tp4, dp2xtp2, floor)\n", name.c_str());
     return 2;
   }
   // Peak resident memory of the process: every rank together (ranks are its threads).

@@ -150,7 +150,12 @@ def main():
     times = {(system, s): [] for system in systems for s in setups}
     memory = {(system, s): [] for system in systems for s in setups}
     per_rank = {s: [] for s in setups}  # Tessera's memory_stats: the largest rank's peak of live tensors
+    floors = []  # Tessera's 1-rank step's matrix products alone (tessera_train_bench --setup floor)
     for r in range(args.rounds):
+        result = run([args.tessera, "--setup", "floor", "--steps", str(args.steps)])
+        if result is not None:
+            floors.append(result[0])
+        print(f"round {r + 1} floor    Tessera    {result[0] if result else 'failed'}", file=sys.stderr)
         for s in setups:
             base, threads = split_setup(s)
             for system, command in systems.items():
@@ -177,6 +182,10 @@ def main():
         t, p, j = median("Tessera", s), median("PyTorch", s), median("JAX (jit)", s)
         print(f"{LABELS.get(s, s):24s} {t:9.1f} {p:9.1f} {j:9.1f} {p / t:15.2f}x {j / t:11.2f}x")
     print("\n(> 1x: Tessera is faster. 4-rank setups share this machine's cores.)")
+    if "1rank" in setups and floors:
+        floor, step = statistics.median(floors), median("Tessera", "1rank")
+        print(f"\nTessera's 1-rank step against its sgemm-bound floor (the step's matrix products alone, back to"
+              f" back:\ntessera_train_bench --setup floor): {step:.1f} / {floor:.1f} ms = {step / floor:.2f}x")
     print("\nPeak resident memory of all ranks together (MiB; Tessera's and JAX's ranks share one process,"
           " PyTorch's are 4 processes, each with its own copy of the runtime):\n")
     print(f"{'setup':24s} {'Tessera':>9s} {'PyTorch':>9s} {'JAX jit':>9s}")
