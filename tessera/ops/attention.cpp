@@ -91,7 +91,8 @@ auto matrices(Tn& t) {
   const int64_t nd = t.ndim();
   const int64_t cols = t.shape()[nd - 1];
   T* data = t.template data<C>();
-  return Matrices<T>{data, offsets_of_batches(t.shape(), t.strides()), std::max(t.strides()[nd - 2], std::max<int64_t>(cols, 1))};
+  const int64_t ld = std::max(t.strides()[nd - 2], std::max<int64_t>(cols, 1));
+  return Matrices<T>{data, offsets_of_batches(t.shape(), t.strides()), ld};
 }
 
 // Whether the kernels can read `t` in place: rows contiguous and apart (BLAS needs ld >= cols).

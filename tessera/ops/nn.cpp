@@ -502,7 +502,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 }
 
 int64_t class_dim_of(const Shape& logits, DType logits_dtype, const Shape& target, DType target_dtype, const char* op) {
-  TESSERA_CHECK(logits.size() >= 1, ValueError, op, "input shape [] has no class dim; expected [C], [N, C] or [N, C, d1, ...]");
+  TESSERA_CHECK(logits.size() >= 1, ValueError, op,
+                "input shape [] has no class dim; expected [C], [N, C] or [N, C, d1, ...]");
   const int64_t class_dim = logits.size() == 1 ? 0 : 1;
   Shape expected = logits;
   expected.erase(class_dim);
@@ -518,7 +519,8 @@ int64_t class_dim_of(const Shape& logits, DType logits_dtype, const Shape& targe
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_index, Reduction reduction) {
   check_defined(log_probs, "nll_loss", "input");
   check_defined(target, "nll_loss", "target");
-  const int64_t class_dim = class_dim_of(log_probs.shape(), log_probs.dtype(), target.shape(), target.dtype(), "nll_loss");
+  const int64_t class_dim =
+      class_dim_of(log_probs.shape(), log_probs.dtype(), target.shape(), target.dtype(), "nll_loss");
   const int64_t classes = log_probs.shape()[class_dim];
   const Tensor t = target.to(DType::i64);
   const Tensor bad = logical_and(logical_or(lt(t, Scalar(0)), ge(t, Scalar(classes))), ne(t, Scalar(ignore_index)));
@@ -532,7 +534,8 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& target, int64_t ignore_in
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
-  TESSERA_CHECK(input.defined() && target.defined(), ValueError, "mse_loss", "an input tensor is undefined (default-constructed)");
+  TESSERA_CHECK(input.defined() && target.defined(), ValueError, "mse_loss",
+                "an input tensor is undefined (default-constructed)");
   return composites::mse_loss(input, target, reduction);
 }
 

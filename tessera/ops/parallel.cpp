@@ -85,7 +85,7 @@ class Pool {
   std::mutex busy_;
   std::mutex mutex_;
   std::condition_variable wake_, finished_;
-  std::vector<std::thread> workers_;  // detached at exit: the pool is never destroyed
+  std::vector<std::thread> workers_;  // never joined: the pool lives as long as the process
   Job* job_ = nullptr;
   uint64_t generation_ = 0;
   int holders_ = 0;
