@@ -88,12 +88,12 @@ void gemm_2d(const Tensor& a_in, const Tensor& b_in, Tensor& out, double beta) {
   const auto M = static_cast<int>(m), N = static_cast<int>(n), K = static_cast<int>(k);
   switch (out.dtype()) {
     case DType::f32:
-      detail::sgemm(oa.trans == CblasTrans, ob.trans == CblasTrans, M, N, K, 1.0f, a.data<float>(), oa.ld,
-                    b.data<float>(), ob.ld, static_cast<float>(beta), out.data<float>(), N);
+      detail::gemm(oa.trans == CblasTrans, ob.trans == CblasTrans, M, N, K, 1.0f, a.data<float>(), oa.ld,
+                   b.data<float>(), ob.ld, static_cast<float>(beta), out.data<float>(), N);
       return;
     case DType::f64:
-      cblas_dgemm(CblasRowMajor, oa.trans, ob.trans, M, N, K, 1.0, a.data<double>(), static_cast<int>(oa.ld),
-                  b.data<double>(), static_cast<int>(ob.ld), beta, out.data<double>(), N);
+      detail::gemm(oa.trans == CblasTrans, ob.trans == CblasTrans, M, N, K, 1.0, a.data<double>(), oa.ld,
+                   b.data<double>(), ob.ld, beta, out.data<double>(), N);
       return;
     default:
       break;

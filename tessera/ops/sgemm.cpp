@@ -36,8 +36,8 @@ void match_openmp_threads() {
 
 }  // namespace
 
-void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc) {
   ensure_blas_configured();
 #ifdef TESSERA_HAVE_ONEDNN
   if (m * n * k >= kOneDnnMinWork) {

@@ -1,5 +1,5 @@
 #pragma once
-// Row-major GEMM through CBLAS for the kernels that call BLAS on raw buffers (attention, conv):
+// Row-major GEMM for matmul and for the kernels that call BLAS on raw buffers (attention, conv):
 // C = alpha * op(A) op(B) + beta * C, one overload per floating dtype; and OpenBLAS's
 // out-of-place transpose, several times faster than a strided loop on small matrices.
 #include <cblas.h>
@@ -11,15 +11,10 @@ namespace tessera::detail {
 /// Sets OpenBLAS's thread count once (TESSERA_BLAS_THREADS, default 1 per calling rank thread).
 void ensure_blas_configured();
 
-/// The f32 product, through oneDNN or OpenBLAS by its size (sgemm.cpp). Dims and strides must fit
-/// BLAS's 32-bit ints.
-void sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
-
-inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                 const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-}
+/// The f32 product, through oneDNN or OpenBLAS by its size (sgemm.cpp); the f64 one through
+/// OpenBLAS. Dims and strides must fit BLAS's 32-bit ints.
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, const float* b,
+          int64_t ldb, float beta, float* c, int64_t ldc);
 inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
                  const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
   ensure_blas_configured();
