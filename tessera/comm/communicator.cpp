@@ -31,6 +31,13 @@ bool Work::is_completed() const {
   return state_->done;
 }
 
+const Work& Work::keep_alive(std::shared_ptr<const void> owner) const {
+  if (!state_) return *this;
+  std::lock_guard lock(state_->mutex);
+  state_->keep_alive = std::move(owner);
+  return *this;
+}
+
 namespace detail {
 
 AsyncQueue::~AsyncQueue() {

@@ -21,6 +21,11 @@ class Work {
   void wait() const;
   /// True once the operation finished (successfully or not). Never blocks.
   bool is_completed() const;
+  /// Keeps `owner` (what holds the call's buffer) alive for as long as the backend may still read
+  /// or write the buffer, even after every copy of this Work is gone or the group failed first
+  /// (MPI cannot take back a posted transfer; a threads peer may still match it). For a caller
+  /// that may unwind before its transfers complete: hand the buffers here instead of waiting.
+  const Work& keep_alive(std::shared_ptr<const void> owner) const;
 
  private:
   std::shared_ptr<detail::WorkState> state_;

@@ -49,7 +49,16 @@ struct Deferred {
   bool launched = false;  // a bucket was launched in this backward (the first is smaller)
   // The foreach_all_gather whose gradients backward is delivering (detail::gradients_of_group_arriving).
   const void* arriving_group = nullptr;
+  // A backward or NoSync scope that failed: the deferred gradients are this rank's unreduced
+  // sums, which no later reduction can make whole (a peer may have failed before adding its
+  // own), so their leaves go back to having no gradient, as before the scope (a leaf that had
+  // one is reduced at once, never deferred). Left in place, a later backward would add to them
+  // without reducing on this rank alone, and the ranks' collectives would no longer match.
   void drop() {
+    for (const Leaf& leaf : leaves)
+      if (const std::shared_ptr<autograd::Meta> meta = leaf.meta.lock()) meta->grad.reset();
+    for (const InFlight& flight : in_flight)
+      for (const std::shared_ptr<autograd::Meta>& meta : flight.metas) meta->grad.reset();
     leaves.clear();
     in_flight.clear();  // their collectives land first (PendingReduction)
     waiting_bytes = 0;

@@ -23,6 +23,8 @@ namespace tessera::mpmd {
 
 namespace {
 
+using tessera::detail::concat;
+
 // Microbatch i's messages across the boundary after stage b: header length, header (the
 // activation's layout and the input's pieces along the batch dim), activation, gradient.
 constexpr int kTagBase = 1 << 20;
@@ -36,17 +38,14 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Sends in flight and the buffers they read, kept until the end of the step.
-struct Outbox {
-  std::vector<Work> works;
-  std::vector<Tensor> blocks;
-  std::vector<std::shared_ptr<std::vector<int64_t>>> headers;
-
-  void wait() {
-    for (const Work& w : works) w.wait();
-    works.clear();
-  }
-};
+// The exception kind of `e` with a new message: a stage's ValueError stays a ValueError.
+[[noreturn]] void rethrow_as(const std::exception& e, const std::string& message) {
+  if (dynamic_cast<const ValueError*>(&e)) throw ValueError(message);
+  if (dynamic_cast<const ShardingError*>(&e)) throw ShardingError(message);
+  if (dynamic_cast<const CommError*>(&e)) throw CommError(message);
+  if (dynamic_cast<const InternalError*>(&e)) throw InternalError(message);
+  throw Error(message);
+}
 
 // Where an activation of one stage lands on the next stage's mesh: the same layout where the
 // meshes have one shape; otherwise each mesh dim of the destination takes the placement of the
@@ -169,13 +168,41 @@ std::string Pipeline::describe() const {
   return out.str();
 }
 
+void Pipeline::fail_step(const std::exception& e, const PipelineAction& current, bool waiting_on_peer) {
+  // Waiting on the pipeline's group, this rank was released by a peer's failure (the group's
+  // error names it) or timed out: say where this rank stood.
+  const std::string action =
+      current.stage < 0 ? std::string("after its stages")
+                        : concat("in the ", current.forward ? "forward" : "backward", " of microbatch ", current.microbatch);
+  const std::string message =
+      waiting_on_peer
+          ? concat("[Pipeline::step] world rank ", rank(),
+                   my_stage() < 0 ? std::string(" (in no stage)") : concat(" (stage ", my_stage(), ")"),
+                   " stopped waiting ", action, ": ", e.what())
+          : concat("[Pipeline::step] stage ", current.stage < 0 ? my_stage() : current.stage, " failed on world rank ",
+                   rank(), " ", action, ": ", e.what());
+  // Releases every rank waiting on the pipeline at once (a no-op when a peer failed it first);
+  // the next step makes a new group.
+  comm_->abort(message);
+  comm_.reset();
+  rethrow_as(e, message);
+}
+
 double Pipeline::step(const DTensor& input, const DTensor& target) {
   const auto start = Clock::now();
   stats_ = PipelineStats{};
   const int64_t count = stages(), n = options_.microbatches, chunks = count / groups_;
   stats_.ideal_bubble = static_cast<double>(groups_ - 1) / static_cast<double>(n * chunks + groups_ - 1);
-  Communicator& comm = world();
+  // The pipeline's own group over the world: a failing stage aborts it to release every rank
+  // waiting on the pipeline, without spending the world's communicator. Made on first use and
+  // again after a failure (a failed group is not reused); every rank of the world calls step.
+  if (!comm_) comm_ = world().split(0, rank());
+  Communicator& comm = *comm_;
+  // What this rank is doing, for the error that ends the step.
+  PipelineAction current{true, -1, -1};
+  bool waiting_on_peer = false;
   double loss_value = 0;
+  try {
   if (!mine_.empty()) {
     // This rank's stages all run on one mesh (interleaved: stages p, p + P, ...).
     const DeviceMesh& mesh = stages_[static_cast<size_t>(mine_.front())].mesh;
@@ -226,16 +253,20 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
     auto received = per_stage(DTensor()), produced = per_stage(DTensor());
     auto source_layouts = per_stage(Layout());
     DTensor loss_total;
-    Outbox outbox;
+    // Sends in flight, waited at the end of the step. Each keeps its buffer alive itself, so an
+    // error that unwinds the step before they complete frees nothing a peer may still read.
+    std::vector<Work> outbox;
     const auto wait = [&](const Work& w) {
       const auto waiting = Clock::now();
+      waiting_on_peer = true;
       w.wait();
+      waiting_on_peer = false;
       stats_.wait_seconds += seconds_since(waiting);
     };
     const auto send_block = [&](const Tensor& local, int peer, int message) {
       const Tensor block = local.contiguous();
-      outbox.blocks.push_back(block);
-      outbox.works.push_back(comm.isend(block.raw_data(), block.numel(), block.dtype(), peer, message));
+      outbox.push_back(comm.isend(block.raw_data(), block.numel(), block.dtype(), peer, message));
+      outbox.back().keep_alive(block.storage());
       stats_.bytes_sent += block.numel() * itemsize(block.dtype());
     };
     // Moves a tensor across a boundary as the direct exchange of its blocks: each piece of a
@@ -252,6 +283,7 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
         if (t.dst_rank != rank()) continue;
         Tensor piece = empty(t.block.shape(), to.dtype());
         works.push_back(comm.irecv(piece.raw_data(), piece.numel(), piece.dtype(), t.src_rank, message));
+        works.back().keep_alive(piece.storage());
         stats_.bytes_received += piece.numel() * itemsize(piece.dtype());
         pieces.emplace_back(piece, t.block);
       }
@@ -303,13 +335,13 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       header->insert(header->end(), layout_words.begin(), layout_words.end());
       header->insert(header->end(), input_pieces.begin(), input_pieces.end());
       auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(header->size()));
-      outbox.headers.push_back(length);
-      outbox.headers.push_back(header);
       for (size_t j = index; j < next.ranks().size(); j += spec.ranks().size()) {
         const int to_rank = next.ranks()[j];
-        outbox.works.push_back(comm.isend(length->data(), 1, DType::i64, to_rank, tag(c, n, i, kHeaderLength)));
-        outbox.works.push_back(comm.isend(header->data(), static_cast<int64_t>(header->size()), DType::i64, to_rank,
-                                          tag(c, n, i, kHeader)));
+        outbox.push_back(comm.isend(length->data(), 1, DType::i64, to_rank, tag(c, n, i, kHeaderLength)));
+        outbox.back().keep_alive(length);
+        outbox.push_back(comm.isend(header->data(), static_cast<int64_t>(header->size()), DType::i64, to_rank,
+                                    tag(c, n, i, kHeader)));
+        outbox.back().keep_alive(header);
         stats_.bytes_sent += static_cast<int64_t>(1 + header->size()) * 8;
       }
       send_pieces(y.to_local(), y.layout(), arriving_layout(y.layout(), next), tag(c, n, i, kActivation));
@@ -335,17 +367,28 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       x = DTensor();
     };
     for (const PipelineAction& a : pipeline_actions(options_.schedule, mine_.front(), groups_, chunks, n)) {
+      current = a;
       if (a.forward)
         forward(a.stage, a.microbatch);
       else
         backward(a.stage, a.microbatch);
     }
+    current = PipelineAction{true, -1, -1};
     once.reset();  // the deferred gradient reductions
-    outbox.wait();
+    for (const Work& w : outbox) wait(w);
     if (has_last) loss_value = loss_total.full_tensor().item<double>();
   }
   // Every rank learns the loss from the last stage's first rank.
+  waiting_on_peer = true;
   comm.broadcast(&loss_value, 1, DType::f64, stages_.back().mesh.spec().ranks().front());
+  waiting_on_peer = false;
+  } catch (const std::exception& e) {
+    fail_step(e, current, waiting_on_peer);
+  } catch (...) {
+    comm_->abort(concat("[Pipeline::step] world rank ", rank(), " failed with a non-standard exception"));
+    comm_.reset();
+    throw;
+  }
   stats_.step_seconds = seconds_since(start);
   return loss_value;
 }

@@ -6,7 +6,9 @@
 // (the planner's direct exchange; between meshes of one shape, rank to rank at the same
 // coordinates). Each stage runs autograd on its own piece of the graph.
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,7 @@
 #include <tessera/dtensor/dtensor.hpp>
 
 namespace tessera TESSERA_API {
+class Communicator;
 namespace mpmd {
 
 /// The order in which a stage runs its microbatches' forward (F) and backward (B) passes.
@@ -77,8 +80,11 @@ class Pipeline {
   /// the same rows (its own split when its pieces match the input's, else index_select of them). The loss is a
   /// mean over rows: microbatch i's loss counts by its share of the rows, so the stages'
   /// parameters accumulate (in their .grad) the unsplit step's gradients up to the order of
-  /// summation. Returns the step's loss on every rank of the world. An error on any rank (a
-  /// stage that throws) fails the step on every rank rather than leaving one waiting.
+  /// summation. Returns the step's loss on every rank of the world. Collective over the world.
+  /// An error on any rank (a stage that throws) fails the step on every rank at once, none left
+  /// waiting: the failing rank rethrows its error's kind as "[Pipeline::step] stage s failed on
+  /// world rank r in the forward of microbatch i: ...", the others a CommError carrying that text.
+  /// The pipeline stays usable: the next step starts afresh.
   double step(const DTensor& input, const DTensor& target);
 
   const PipelineStats& stats() const { return stats_; }
@@ -100,6 +106,10 @@ class Pipeline {
   int64_t groups_ = 0;
   std::vector<int64_t> mine_;
   PipelineStats stats_;
+  std::shared_ptr<Communicator> comm_;  // the pipeline's group over the world (step)
+
+  // Ends a step that failed on this rank: aborts the pipeline's group, rethrows naming the stage.
+  [[noreturn]] void fail_step(const std::exception& e, const PipelineAction& current, bool waiting_on_peer);
 };
 
 /// The actions of stage s of S over n microbatches: (forward?, microbatch) in order (GPipe, 1F1B).

@@ -22,6 +22,9 @@ struct WorkState {
   // done (throwing CommError on timeout); `poll` makes one non-blocking pass.
   std::function<void()> wait;
   std::function<void()> poll;
+  // Work::keep_alive: the buffer's owner, released with the state. The backends hold the state
+  // of a posted transfer until it completed or can no longer touch the buffer.
+  std::shared_ptr<const void> keep_alive;
 
   /// Marks the state finished (with error, if any) and wakes its waiters.
   void finish(std::exception_ptr failure = nullptr) {

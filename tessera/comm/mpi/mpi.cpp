@@ -209,12 +209,17 @@ class MpiCommunicator final : public Communicator {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;  // a handle that outlived MPI: nothing left to free
-    if (group_.broken.load()) {
+    const bool broken = group_.broken.load();
+    if (broken) {
       // A timed-out call may have left receives posted into the scratch: let it leak.
       new std::vector<std::byte>(std::move(scratch_));
     }
-    group_.side.close();
     p2p_engine_.reset();  // fails what is still pending; MPI may still write into its requests
+    // A failed group (aborted, timed out) may hold transfers MPI can never complete. Freeing its
+    // communicators then breaks later communicator creation on the parent (OpenMPI 4.1: the next
+    // MPI_Comm_split of the world hangs with every rank inside it), so they stay allocated.
+    if (broken) return;
+    group_.side.close();
     detail::locked([&] { return MPI_Comm_free(&p2p_); });
     detail::locked([&] { return MPI_Comm_free(&comm_); });
   }
