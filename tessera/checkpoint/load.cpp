@@ -1,16 +1,22 @@
 // checkpoint::load: every rank reads the chunks its block overlaps, checks their CRC-32 against the
 // metadata, and copies the overlap into its block. A replicated target is read split over its
-// replicas and all-gathered; otherwise no communication but the agreement on failure.
+// replicas and all-gathered; otherwise no communication but the agreement on failure. Where a
+// two-rename commit was cut short (no `dir`), it reads the previous checkpoint parked beside `dir`.
 #include <tessera/checkpoint/checkpoint.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <vector>
 
 #include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/checkpoint/detail/files.hpp>
 #include <tessera/checkpoint/detail/zarr.hpp>
 #include <tessera/grad/engine.hpp>
 #include <tessera/runtime/runtime.hpp>
@@ -21,13 +27,70 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_text(const fs::path& path, const std::string& name) {
-  std::ifstream in(path, std::ios::binary);
-  TESSERA_CHECK(in.good(), ValueError, "checkpoint::load", "no array '", name, "' in the checkpoint (", path.string(),
-                " cannot be read)");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+// A file of the checkpoint, open for reading; `what` names it in errors ("chunk", "array metadata").
+// POSIX calls, not a stream: a stream opens a directory as well and reports its size as 2^63 - 1.
+class InputFile {
+ public:
+  InputFile(const fs::path& path, const char* what) : path_(path) {
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int error = errno;
+    TESSERA_CHECK(fd_ >= 0 || error != ENOENT, IoError, "checkpoint::load", what, " ", path.string(), " is missing");
+    TESSERA_CHECK(fd_ >= 0, IoError, "checkpoint::load", "cannot open ", what, " ", path.string(), ": ", std::strerror(error));
+    struct stat info {};
+    const bool stated = ::fstat(fd_, &info) == 0;
+    if (!stated || !S_ISREG(info.st_mode)) {  // no destructor runs for a throwing constructor
+      ::close(fd_);
+      TESSERA_CHECK(false, IoError, "checkpoint::load", what, " ", path.string(), " is ",
+                    stated && S_ISDIR(info.st_mode) ? "a directory" : "not a regular file", "; expected a file");
+    }
+    size_ = static_cast<int64_t>(info.st_size);
+  }
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  ~InputFile() { ::close(fd_); }
+
+  int64_t size() const { return size_; }
+  // Reads the whole file into `into` (size() bytes).
+  void read(char* into) const {
+    for (int64_t done = 0; done < size_;) {
+      const ssize_t got = ::pread(fd_, into + done, static_cast<size_t>(size_ - done), static_cast<off_t>(done));
+      if (got < 0 && errno == EINTR) continue;
+      TESSERA_CHECK(got > 0, IoError, "checkpoint::load", "cannot read ", path_.string(), ": ",
+                    got < 0 ? std::strerror(errno) : "it ended early");
+      done += got;
+    }
+  }
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+  int64_t size_ = 0;
+};
+
+// The directory holding the checkpoint at `dir` (see detail/files.hpp), or IoError naming what is there.
+fs::path checkpoint_at(const std::string& dir) {
+  const fs::path target = detail::checkpoint_dir(dir);
+  const std::optional<fs::path> committed = detail::committed_dir(target);
+  std::error_code ec;
+  TESSERA_CHECK(committed, IoError, "checkpoint::load", "no checkpoint at ", dir, ": no such directory",
+                fs::exists(detail::staging_dir(target), ec)
+                    ? " (" + detail::staging_dir(target).string() + " is a save that did not finish)"
+                    : std::string());
+  TESSERA_CHECK(fs::is_directory(*committed, ec), IoError, "checkpoint::load", "no checkpoint at ", dir,
+                ": it is not a directory");
+  return *committed == target ? fs::path(dir) : *committed;
+}
+
+detail::ArrayMeta read_meta(const fs::path& group, const std::string& key) {
+  const fs::path array_dir = group / key;
+  std::error_code ec;
+  TESSERA_CHECK(fs::is_directory(array_dir, ec), ValueError, "checkpoint::load", "no array '", key,
+                "' in the checkpoint at ", group.string(), " (no directory ", array_dir.string(), ")");
+  const fs::path path = array_dir / "zarr.json";
+  const InputFile file(path, "array metadata");
+  std::string text(static_cast<size_t>(file.size()), '\0');
+  file.read(text.data());
+  return detail::parse_array_json(text, path.string());
 }
 
 // Reads the chunk at `index` into `chunk` (contiguous, of the chunk shape), checked: its file's
@@ -38,9 +101,8 @@ void read_chunk(const fs::path& array_dir, const detail::ArrayMeta& meta, const 
   const std::string key = detail::chunk_key(index, meta.separator);
   const fs::path path = array_dir / key;
   auto* bytes = static_cast<char*>(const_cast<void*>(chunk.raw_data()));
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  TESSERA_CHECK(in.good(), IoError, "checkpoint::load", "chunk ", path.string(), " is missing");
-  const auto size = static_cast<int64_t>(in.tellg());
+  const InputFile file(path, "chunk");
+  const int64_t size = file.size();
   TESSERA_CHECK(meta.zstd_level || size == chunk.nbytes(), IoError, "checkpoint::load", "chunk ", path.string(),
                 " has ", size, " bytes; expected ", chunk.nbytes(), " (", meta.chunks.to_string(), " ", name(meta.dtype), ")");
   std::vector<char> stored;  // zstd chunks: the file, decompressed into the chunk once checked
@@ -49,9 +111,7 @@ void read_chunk(const fs::path& array_dir, const detail::ArrayMeta& meta, const 
     stored.resize(static_cast<size_t>(size));
     into = stored.data();
   }
-  in.seekg(0);
-  in.read(into, size);
-  TESSERA_CHECK(in.good(), IoError, "checkpoint::load", "cannot read chunk ", path.string());
+  file.read(into);
   const auto expected = meta.checksums.find(key);
   TESSERA_CHECK(expected != meta.checksums.end(), IoError, "checkpoint::load", "chunk ", path.string(),
                 " has no checksum in the array's metadata");
@@ -145,15 +205,15 @@ void load(const std::string& dir, std::map<std::string, DTensor>& tensors) {
   std::exception_ptr error;
   std::vector<std::pair<DTensor*, DTensor>> gathers;  // values read split, to gather into place
   try {
+    const fs::path group = checkpoint_at(dir);
     for (auto& [key, value] : tensors) {
       detail::check_key(key, "checkpoint::load");
       TESSERA_CHECK(value.defined() || !value.device_mesh().is_member(), ValueError, "checkpoint::load", "tensor '",
                     key, "' is undefined");
       TESSERA_CHECK(!value.layout().has_partial(), ValueError, "checkpoint::load", "tensor '", key, "' is ",
                     value.layout().to_string(), "; load into a layout without Partial");
-      const fs::path array_dir = fs::path(dir) / key;
-      const fs::path meta_path = array_dir / "zarr.json";
-      const detail::ArrayMeta meta = detail::parse_array_json(read_text(meta_path, key), meta_path.string());
+      const fs::path array_dir = group / key;
+      const detail::ArrayMeta meta = read_meta(group, key);
       TESSERA_CHECK(meta.shape == value.shape() && meta.dtype == value.dtype(), ValueError, "checkpoint::load",
                     "array '", key, "' is ", meta.shape.to_string(), " ", name(meta.dtype), "; the tensor is ",
                     value.shape().to_string(), " ", name(value.dtype()));

@@ -1,16 +1,14 @@
 // checkpoint::save: chunk-aligned layouts by the planner, each chunk written once by the rank that
-// holds it, checksums gathered for the metadata, the group renamed into place when all is written.
+// holds it, checksums gathered for the metadata, the group switched into place when all is written
+// (detail/files.hpp).
 #include <tessera/checkpoint/checkpoint.hpp>
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <sstream>
 
 #include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/checkpoint/detail/files.hpp>
 #include <tessera/checkpoint/detail/zarr.hpp>
 #include <tessera/grad/engine.hpp>
 #include <tessera/runtime/runtime.hpp>
@@ -20,48 +18,6 @@ namespace tessera::checkpoint {
 namespace fs = std::filesystem;
 
 namespace {
-
-// Writes a file in an existing directory; with `sync`, on the disk before it returns.
-void write_file(const fs::path& path, const void* data, int64_t bytes, bool sync) {
-  // write(2) straight from the tensor's memory: no stream buffer in between.
-  const int fd = ::open(path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0644);
-  TESSERA_CHECK(fd >= 0, IoError, "checkpoint::save", "cannot create ", path.string(), ": ", std::strerror(errno));
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    const ssize_t written = ::write(fd, p, static_cast<size_t>(bytes));
-    if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) {
-      const int error = errno;
-      ::close(fd);
-      TESSERA_CHECK(false, IoError, "checkpoint::save", "cannot write ", path.string(), ": ",
-                    written < 0 ? std::strerror(error) : "no progress");
-    }
-    p += written;
-    bytes -= written;
-  }
-  if (sync && ::fsync(fd) != 0) {
-    const int error = errno;
-    ::close(fd);
-    TESSERA_CHECK(false, IoError, "checkpoint::save", "cannot sync ", path.string(), ": ", std::strerror(error));
-  }
-  TESSERA_CHECK(::close(fd) == 0, IoError, "checkpoint::save", "cannot write ", path.string(), ": ", std::strerror(errno));
-}
-
-void write_text(const fs::path& path, const std::string& text, bool sync) {
-  write_file(path, text.data(), static_cast<int64_t>(text.size()), sync);
-}
-
-// A directory's entries on the disk (the files in it, a rename into it); with `whole_file_system`,
-// everything this machine wrote to the file system holding it (syncfs: one call for many files,
-// where an fsync per file would commit the journal once per file).
-void sync_directory(const fs::path& path, bool whole_file_system = false) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  TESSERA_CHECK(fd >= 0, IoError, "checkpoint::save", "cannot open directory ", path.string(), ": ", std::strerror(errno));
-  const int synced = whole_file_system ? ::syncfs(fd) : ::fsync(fd);
-  const int error = errno;
-  ::close(fd);
-  TESSERA_CHECK(synced == 0, IoError, "checkpoint::save", "cannot sync directory ", path.string(), ": ", std::strerror(error));
-}
 
 // Writes this rank's chunk of `value` (already in plan.layout) if it is the writer; returns
 // "name\tkey\tcrc\n" for the metadata, or "".
@@ -77,15 +33,31 @@ std::string write_chunk(const fs::path& array_dir, const std::string& name, cons
   uint32_t crc = 0;
   if (options.zstd_level > 0) {
     const std::vector<char> stored = detail::zstd_compress(chunk.raw_data(), chunk.nbytes(), options.zstd_level);
-    write_file(array_dir / key, stored.data(), static_cast<int64_t>(stored.size()), false);
+    detail::write_file(array_dir / key, stored.data(), static_cast<int64_t>(stored.size()), false);
     crc = detail::crc32_of(stored.data(), static_cast<int64_t>(stored.size()));
   } else {
-    write_file(array_dir / key, chunk.raw_data(), chunk.nbytes(), false);
+    detail::write_file(array_dir / key, chunk.raw_data(), chunk.nbytes(), false);
     crc = detail::crc32_of(chunk.raw_data(), chunk.nbytes());
   }
   std::ostringstream line;
   line << name << '\t' << key << '\t' << crc << '\n';
   return line.str();
+}
+
+// `message` on one line: failures travel as one line per rank.
+std::string one_line(std::string message) {
+  for (char& c : message)
+    if (c == '\n' || c == '\t') c = ' ';
+  return message;
+}
+
+// The first failure of every rank's `failure` ("" on success) as "rank R failed: message", the
+// lowest failed rank's, on every rank; "" when none failed. Collective over the world.
+std::string first_failure(const std::string& failure) {
+  const std::string all = detail::all_gather_text(failure.empty() ? "" : std::to_string(rank()) + "\t" + one_line(failure) + "\n");
+  if (all.empty()) return "";
+  const size_t tab = all.find('\t');
+  return "rank " + all.substr(0, tab) + " failed: " + all.substr(tab + 1, all.find('\n') - tab - 1);
 }
 
 }  // namespace
@@ -98,43 +70,71 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
     TESSERA_CHECK(value.defined() || !value.device_mesh().is_member(), ValueError, "checkpoint::save", "tensor '",
                   name, "' is undefined");
   }
-  const fs::path target(dir);
-  const fs::path staging = target.string() + ".tessera-saving";
+  const fs::path target = detail::checkpoint_dir(dir);
+  const fs::path staging = detail::staging_dir(target);
   const bool leader = rank() == 0;
-  if (leader) {  // the group's directories, made once (each rank only writes files into them)
-    std::error_code ec;
-    fs::remove_all(staging, ec);  // what a crashed save left
-    for (const auto& [name, value] : tensors) fs::create_directories(staging / name, ec);
-  }
-  world().barrier();
+  // A failure anywhere before the commit: the staged group goes, the previous checkpoint stays,
+  // every rank throws the first failure.
+  const auto abandon_if = [&](const std::string& failure) {
+    if (failure.empty()) return;
+    if (leader) {
+      std::error_code ec;
+      fs::remove_all(staging, ec);
+    }
+    world().barrier();
+    TESSERA_CHECK(false, IoError, "checkpoint::save", failure, "; ", target.string(), " is unchanged");
+  };
 
-  // Each rank writes its chunks; a failure is recorded, not thrown, so that no rank is left
-  // waiting in the exchange below.
-  std::string lines, failure;
+  std::string failure;
+  if (leader) {  // the group's directories, made once (each rank only writes files into them)
+    try {
+      std::vector<std::string> names;
+      for (const auto& entry : tensors) names.push_back(entry.first);
+      detail::prepare_staging(target, names);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  abandon_if(first_failure(failure));
+
+  // Each rank writes its chunks. A failure is recorded, not thrown, and the loop goes on with
+  // the regathers alone (collectives): every rank runs the same collectives whatever fails, so
+  // that none is left waiting in one and every rank learns the first failure from the exchange
+  // below.
+  std::string lines;
   std::map<std::string, Shape> chunk_shapes;  // for the metadata
-  try {
+  {
     const autograd::NoGradGuard no_grad;
     for (const auto& [name, value] : tensors) {
-      const detail::ChunkPlan plan = detail::chunk_plan(value.layout());
-      chunk_shapes[name] = plan.chunks;
-      const DTensor aligned = value.layout() == plan.layout ? value : value.redistribute(value.device_mesh(), plan.layout);
-      lines += write_chunk(staging / name, name, aligned, plan, options);
-      detail::save_fault_point();
+      try {
+        const detail::ChunkPlan plan = detail::chunk_plan(value.layout());
+        chunk_shapes[name] = plan.chunks;
+        const DTensor aligned =
+            value.layout() == plan.layout ? value : value.redistribute(value.device_mesh(), plan.layout);
+        if (!failure.empty()) continue;
+        lines += write_chunk(staging / name, name, aligned, plan, options);
+        detail::save_fault_point();
+      } catch (const std::exception& e) {
+        if (failure.empty()) failure = e.what();
+      }
     }
-    if (options.sync_files) sync_directory(staging, true);  // this rank's chunks, all at once
+  }
+  try {
+    if (failure.empty() && options.sync_files) detail::sync_directory(staging, true);  // this rank's chunks, all at once
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  const std::string report = failure.empty() ? lines : "!" + std::to_string(rank()) + "\t" + failure + "\n";
+  const std::string report = failure.empty() ? lines : "!" + std::to_string(rank()) + "\t" + one_line(failure) + "\n";
   const std::string all = detail::all_gather_text(report);
 
-  std::string first_failure;
+  std::string first;
   std::map<std::string, detail::ArrayMeta> arrays;
   std::istringstream in(all);
   for (std::string line; std::getline(in, line);) {
     if (line.empty()) continue;
     if (line[0] == '!') {
-      if (first_failure.empty()) first_failure = line.substr(1);
+      const size_t tab = line.find('\t');
+      if (first.empty()) first = "rank " + line.substr(1, tab - 1) + " failed: " + line.substr(tab + 1);
       continue;
     }
     std::istringstream fields(line);
@@ -144,23 +144,11 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
     std::getline(fields, crc, '\t');
     arrays[name].checksums[key] = static_cast<uint32_t>(std::stoul(crc));
   }
-  // A failure anywhere: the staged group goes, the previous checkpoint stays, every rank throws.
-  const auto abandon_if = [&](const std::string& failure_line) {
-    if (failure_line.empty()) return;
-    if (leader) {
-      std::error_code ec;
-      fs::remove_all(staging, ec);
-    }
-    world().barrier();
-    const size_t tab = failure_line.find('\t');
-    TESSERA_CHECK(false, IoError, "checkpoint::save", "rank ", failure_line.substr(0, tab), " failed: ",
-                  failure_line.substr(tab + 1, failure_line.find('\n') - tab - 1), "; ", target.string(), " is unchanged");
-  };
-  abandon_if(first_failure);
+  abandon_if(first);
 
   // The arrays' metadata, spread over the ranks (array i by rank i mod n): where creating and
   // syncing a file costs a millisecond, one rank writing them all would take most of the save.
-  std::string meta_failure;
+  failure.clear();
   try {
     int64_t i = 0;
     for (const auto& [name, value] : tensors) {
@@ -170,35 +158,35 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
       meta.dtype = value.dtype();
       meta.chunks = chunk_shapes.at(name);
       if (options.zstd_level > 0) meta.zstd_level = options.zstd_level;
-      write_text(staging / name / "zarr.json", detail::array_json(meta), false);
+      const std::string text = detail::array_json(meta);
+      detail::write_file(staging / name / "zarr.json", text.data(), static_cast<int64_t>(text.size()), false);
     }
-    if (options.sync_files) sync_directory(staging, true);  // this rank's metadata and every directory entry
+    if (options.sync_files) detail::sync_directory(staging, true);  // this rank's metadata and every directory entry
   } catch (const std::exception& e) {
-    meta_failure = std::to_string(rank()) + "\t" + e.what() + "\n";
+    failure = e.what();
   }
-  abandon_if(detail::all_gather_text(meta_failure));
+  abandon_if(first_failure(failure));
 
-  std::string rename_error;
+  // The commit, by rank 0. Once it has switched the new group in, the save has succeeded: what
+  // fails after (syncing the parent, removing the previous checkpoint) is a warning.
+  std::string outcome;  // "" committed; else "F" + the failure, or "C" + a crash the test made
   if (leader) {
     try {
-      write_text(staging / "zarr.json", detail::group_json(), options.sync_files);
-      if (options.sync_files) sync_directory(staging);
-      // The previous checkpoint is replaced only now, by two renames.
-      const fs::path old = target.string() + ".tessera-old";
-      std::error_code ec;
-      fs::remove_all(old, ec);
-      if (fs::exists(target)) fs::rename(target, old);
-      fs::rename(staging, target);
-      if (options.sync_files) sync_directory(fs::absolute(target).parent_path());  // the rename itself
-      fs::remove_all(old, ec);
+      const std::string warning = detail::commit(target, options.sync_files);
+      if (!warning.empty())
+        std::cerr << "tessera: [checkpoint::save] " << target.string() << " is saved, but " << warning << "\n";
+    } catch (const detail::SimulatedCrash& crash) {  // the process "died": nothing more happens on the disk
+      outcome = "Cthe commit stopped before its file-system call " + std::to_string(crash.call) + " (fault injected by the test)";
     } catch (const std::exception& e) {
-      rename_error = e.what();
+      outcome = "F" + one_line(e.what());
+      std::error_code ec;
+      fs::remove_all(staging, ec);
     }
   }
-  int64_t failed = rename_error.empty() ? 0 : 1;
-  world().all_reduce(&failed, 1, DType::i64, ReduceOp::max);
-  TESSERA_CHECK(failed == 0, IoError, "checkpoint::save", "rank 0 could not finish ", target.string(),
-                rename_error.empty() ? "" : ": ", rename_error);
+  const std::string told = detail::all_gather_text(outcome);  // rank 0's alone
+  if (told.empty()) return;
+  TESSERA_CHECK(told[0] != 'C', Error, "checkpoint::save", "rank 0 stopped: ", told.substr(1));
+  TESSERA_CHECK(false, IoError, "checkpoint::save", "rank 0 failed: ", told.substr(1));
 }
 
 }  // namespace tessera::checkpoint

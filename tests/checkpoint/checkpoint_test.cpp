@@ -273,7 +273,9 @@ TEST(Checkpoint, ExplicitSizesAndNestedSplitsSaveTheirPieces) {
     };
     const int64_t chunk = (3 * n + 1 + n - 1) / n;  // torch.chunk over n ranks
     EXPECT_EQ(chunk_files("sized"), (3 * n + 1 + chunk - 1) / chunk);
-    if (n % 2 == 0) EXPECT_EQ(chunk_files("nested"), n);  // one per rank: the pieces are regular
+    if (n % 2 == 0) {
+      EXPECT_EQ(chunk_files("nested"), n);  // one per rank: the pieces are regular
+    }
     std::map<std::string, DTensor> loaded{{"sized", distribute_tensor(zeros(whole.shape(), DType::f64), flat, {Replicate{}})}};
     if (n % 2 == 0)
       loaded.emplace("nested", distribute_tensor(zeros({2 * n, 3}), flat, {Shard{1}}));
@@ -289,7 +291,9 @@ TEST(Checkpoint, ExplicitSizesAndNestedSplitsSaveTheirPieces) {
     EXPECT_TRUE(equal(loaded.at("sized").full_tensor(), whole));
     EXPECT_TRUE(equal(again.at("sized").full_tensor(), whole));
     EXPECT_EQ(again.at("sized").to_local().shape()[0], other[static_cast<size_t>(rank())]);
-    if (n % 2 == 0) EXPECT_TRUE(equal(loaded.at("nested").full_tensor(), sample_values({2 * n, 3}, 0.9, DType::f32)));
+    if (n % 2 == 0) {
+      EXPECT_TRUE(equal(loaded.at("nested").full_tensor(), sample_values({2 * n, 3}, 0.9, DType::f32)));
+    }
     remove_shared(dir);
   });
 }
