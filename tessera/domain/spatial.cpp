@@ -254,6 +254,38 @@ ChannelPlan plan_channels(const DTensor& x, const DTensor& weight, const std::op
   return plan;
 }
 
+// A window op's (convolution, pooling) arguments per spatial dim, on the global layout the user
+// passed: plan_dim divides by the stride and walks the kernel's extent.
+void check_windows(const char* call, const DTensor& x, const std::vector<int64_t>& kernel,
+                   const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                   const std::vector<int64_t>& dilation) {
+  for (size_t k = 0; k < kernel.size(); ++k)
+    TESSERA_CHECK(kernel[k] >= 1 && stride[k] >= 1 && padding[k] >= 0 && dilation[k] >= 1, ValueError, call,
+                  "spatial dim ", k, " of input ", x.layout().to_string(), " has kernel ", kernel[k], ", stride ",
+                  stride[k], ", padding ", padding[k], " and dilation ", dilation[k],
+                  "; expected kernel >= 1, stride >= 1, padding >= 0 and dilation >= 1");
+}
+
+// The local convolution's checks, on the global shapes and layouts the user passed: each rank's
+// local op sees only its own block, widened by halos.
+void check_conv(const char* call, int64_t spatial, const DTensor& x, const DTensor& weight,
+                const std::optional<DTensor>& bias, int64_t groups) {
+  const std::string xt = x.layout().to_string(), wt = weight.layout().to_string();
+  TESSERA_CHECK(weight.ndim() == spatial + 2, ValueError, call, "weight ", wt, " is not ", spatial + 2,
+                "-d; expected [out_channels, in_channels / groups, ", spatial, " kernel dims]");
+  TESSERA_CHECK(groups >= 1, ValueError, call, "groups ", groups, " is not positive; expected groups >= 1");
+  const int64_t in_channels = x.shape()[1], out_channels = weight.shape()[0];
+  TESSERA_CHECK(out_channels % groups == 0, ValueError, call, "groups ", groups, " does not divide the ",
+                out_channels, " output channels of weight ", wt);
+  TESSERA_CHECK(in_channels % groups == 0, ValueError, call, "groups ", groups, " does not divide the ", in_channels,
+                " channels of input ", xt);
+  TESSERA_CHECK(weight.shape()[1] * groups == in_channels, ValueError, call, "input ", xt, " has ", in_channels,
+                " channels for weight ", wt, " with groups ", groups, "; expected weight.shape[1] * groups = ",
+                weight.shape()[1] * groups);
+  TESSERA_CHECK(!bias || (bias->ndim() == 1 && bias->shape()[0] == out_channels), ValueError, call, "bias ",
+                bias->layout().to_string(), " does not match weight ", wt, "; expected [", out_channels, "]");
+}
+
 DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DTensor& weight_in,
                 const std::optional<DTensor>& bias_in, std::vector<int64_t> stride, std::vector<int64_t> padding,
                 std::vector<int64_t> dilation, int64_t groups) {
@@ -267,6 +299,8 @@ DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DT
   stride = per_dim(call, "stride", std::move(stride), spatial);
   padding = per_dim(call, "padding", std::move(padding), spatial);
   dilation = per_dim(call, "dilation", std::move(dilation), spatial);
+  check_conv(call, spatial, x_in, weight_in, bias_in, groups);
+  check_windows(call, x_in, kernel_of(weight_in, spatial), stride, padding, dilation);
   const ChannelPlan plan = plan_channels(x_in, weight_in, bias_in, groups);
   const DTensor x = x_in.redistribute(x_in.device_mesh(), plan.x);
   const DTensor weight = weight_in.redistribute(weight_in.device_mesh(), plan.weight);
@@ -297,6 +331,7 @@ DTensor pool2d(const char* call, const DTensor& x_in, std::vector<int64_t> kerne
   kernel = per_dim(call, "kernel", std::move(kernel), 2);
   stride = stride.empty() ? kernel : per_dim(call, "stride", std::move(stride), 2);
   padding = per_dim(call, "padding", std::move(padding), 2);
+  check_windows(call, x_in, kernel, stride, padding, {1, 1});
   const DTensor x = replicate_where(x_in, [](const Placement& p) { return is_partial(p); });
   const auto fill = max ? std::optional<double>(-std::numeric_limits<double>::infinity()) : std::nullopt;
   Windows win = windows(call, x, 2, kernel, stride, padding, {1, 1}, x.shape()[1], fill);

@@ -25,8 +25,8 @@ namespace tessera TESSERA_API {
 /// pieces; the output keeps x's sharding with explicit sizes where strides make pieces uneven.
 /// Halos come from halo_exchange (zeros beyond the edges: the convolution's zero padding), one
 /// dim after another, so corners travel too. Differentiable; the weight's and bias's gradients
-/// sum over the pieces. Communicates. Throws ValueError as the local convolution does, and
-/// ShardingError naming the layouts for a mesh mismatch.
+/// sum over the pieces. Communicates. Throws ValueError as the local convolution does, naming the
+/// global layouts (not a rank's block), and ShardingError naming the layouts for a mesh mismatch.
 DTensor conv1d(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias = std::nullopt,
                std::vector<int64_t> stride = {1}, std::vector<int64_t> padding = {0},
                std::vector<int64_t> dilation = {1}, int64_t groups = 1);

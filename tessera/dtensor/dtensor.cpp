@@ -176,6 +176,9 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Pl
                             FromLocalOptions options) {
   TESSERA_CHECK(local.defined(), ShardingError, "DTensor::from_local", "undefined local tensor for ",
                 tessera::to_string(placements), " on ", mesh.to_string());
+  TESSERA_CHECK(mesh.size() > 0, ShardingError, "DTensor::from_local", "the mesh is empty (a default-constructed "
+                "DeviceMesh) for local ", local.shape().to_string(), " as ", tessera::to_string(placements),
+                "; build one with DeviceMesh(shape, names)");
   placements = normalized(std::move(placements), local.ndim(), "DTensor::from_local");
   TESSERA_CHECK(static_cast<int64_t>(placements.size()) == mesh.ndim(), ShardingError, "DTensor::from_local",
                 tessera::to_string(placements), " has ", placements.size(), " placements for ", mesh.to_string());
@@ -223,6 +226,9 @@ DTensor DTensor::from_local(Tensor local, const DeviceMesh& mesh, std::vector<Pl
 Tensor DTensor::full_tensor() const { return full_tensor(Placements(static_cast<size_t>(mesh_.ndim()), Replicate{})); }
 
 Tensor DTensor::full_tensor(std::vector<Placement> grad_placements) const {
+  TESSERA_CHECK(mesh_.size() > 0, ShardingError, "DTensor::full_tensor",
+                "the DTensor is on an empty mesh (a default-constructed DTensor or DeviceMesh); expected one made by "
+                "distribute_tensor, from_local or a factory on a DeviceMesh(shape, names)");
   TESSERA_CHECK(mesh_.is_member(), ShardingError, "DTensor::full_tensor", "world rank ", rank(), " is not in ",
                 mesh_.to_string(), " holding ", layout_->to_string());
   for (const auto& p : grad_placements)

@@ -1,6 +1,6 @@
 // Scans and sorting along one dim on DTensor. A sharded dim is not gathered for a scan or a topk:
 // each piece works on its own rows and only a slice per piece (the pieces' totals, or k
-// candidates) moves over the mesh dim that shards the dim.
+// candidates) moves, over all the mesh dims that shard the dim at once, in any shard order.
 #include <algorithm>
 
 #include <tessera/comm/communicator.hpp>
@@ -28,38 +28,43 @@ void check_defined(const DTensor& x, const char* op) {
                 "the input is an undefined DTensor");
 }
 
-// x's placements with dim d sharded by at most its first mesh dim in shard order (the others
-// Replicate), and Partials other than those in `kept` reduced. Returns the mesh dim still sharding
-// d, or -1.
-int64_t scannable(const DTensor& x, int64_t d, std::initializer_list<ReduceOp> kept, Placements& placements) {
-  placements = x.placements();
-  const auto& order = x.layout().shard_order(d);
-  for (size_t i = 1; i < order.size(); ++i) placements[static_cast<size_t>(order[i])] = Replicate{};
+// x's placements with the Partials other than those in `kept` reduced. The Shards stay: the
+// scanned dim's pieces are never gathered.
+Placements scannable(const DTensor& x, std::initializer_list<ReduceOp> kept) {
+  Placements placements = x.placements();
   for (auto& p : placements)
     if (const auto* partial = std::get_if<Partial>(&p))
       if (std::find(kept.begin(), kept.end(), partial->op) == kept.end()) p = Replicate{};
-  return order.empty() ? -1 : order.front();
+  return placements;
 }
 
-// Every rank of mesh dim m's pieces of `local` (the same shape along m), stacked on a new dim 0.
-Tensor gather_over(const DeviceMesh& mesh, int64_t m, const Tensor& local) {
+// Every piece of a dim sharded over the mesh dims `order` (splitting order): each rank's `local`
+// (the same shape on all of them), stacked on a new dim 0 in piece order, i.e. in the order of
+// the pieces along the dim. One all_gather over the ranks that differ from this one only on
+// those mesh dims, whose group ranks run row-major over the mesh dims in ascending order.
+Tensor gather_pieces(const DeviceMesh& mesh, const std::vector<int64_t>& order, const Tensor& local) {
+  std::vector<int64_t> dims = order;
+  std::sort(dims.begin(), dims.end());
   const Tensor send = local.contiguous();
   Shape shape = send.shape();
-  shape.insert(0, mesh.size(m));
+  int64_t pieces = 1;
+  for (int64_t m : order) pieces *= mesh.size(m);
+  shape.insert(0, pieces);
   Tensor all = empty(shape, send.dtype());
-  mesh.comm(m).all_gather(send.raw_data(), all.raw_data(), send.numel(), send.dtype());
-  return all;
+  Communicator& comm = dims.size() == 1 ? mesh.comm(dims.front()) : *mesh.comm_ptr(dims);
+  comm.all_gather(send.raw_data(), all.raw_data(), send.numel(), send.dtype());
+  std::vector<int64_t> slot_of_piece;
+  for (int64_t p = 0; p < pieces; ++p)
+    slot_of_piece.push_back(piece_of(mesh.spec(), dims, piece_coordinate(mesh.spec(), order, p)));
+  return index_select(all, 0, from_vector<int64_t>(slot_of_piece));
 }
 
 template <bool product>
 DTensor scan(const DTensor& x, int64_t dim, const char* op) {
   check_defined(x, op);
   const int64_t d = x.ndim() == 0 ? 0 : normalize_dim(dim, x.ndim(), op, x.shape());
-  Placements placements;
-  const int64_t m = x.ndim() == 0 ? -1
-                                  : scannable(x, d, product ? std::initializer_list<ReduceOp>{}
-                                                            : std::initializer_list<ReduceOp>{ReduceOp::sum, ReduceOp::avg},
-                                              placements);
+  const Placements placements = product ? scannable(x, {}) : scannable(x, {ReduceOp::sum, ReduceOp::avg});
+  // A 0-d scan is the identity, which keeps any Partial.
   const DTensor xr = x.ndim() == 0 ? x : implicit_redistribute(x, placements, op);
   const DeviceMesh& mesh = xr.device_mesh();
   const DType out_dtype = is_floating(x.dtype()) ? x.dtype() : DType::i64;
@@ -70,12 +75,15 @@ DTensor scan(const DTensor& x, int64_t dim, const char* op) {
   const DType acc = is_floating(x.dtype()) ? DType::f64 : DType::i64;
   const Tensor local = DTensorAccess::local(xr).to(acc);
   Tensor result = product ? cumprod(local, d) : cumsum(local, d);
-  if (m >= 0 && mesh.size(m) > 1) {
+  const std::vector<int64_t> order = x.ndim() == 0 ? std::vector<int64_t>{} : xr.layout().shard_order(d);
+  const int64_t me = order.empty() ? 0 : piece_of(mesh.spec(), order, mesh.coordinate());
+  if (!order.empty() && xr.layout().piece_sizes(d).size() > 1) {
+    // Each piece's running value starts from the combined totals of the pieces before it along
+    // the dim (empty pieces contribute the identity).
     const Tensor totals = product ? prod(local, {d}, true) : sum(local, {d}, true);
-    const Tensor all = gather_over(mesh, m, totals);
-    const int64_t c = mesh.coordinate()[static_cast<size_t>(m)];
+    const Tensor all = gather_pieces(mesh, order, totals);
     Tensor offset = product ? ones(totals.shape(), acc) : zeros(totals.shape(), acc);
-    for (int64_t i = 0; i < c; ++i) offset = product ? mul(offset, all.select(0, i)) : add(offset, all.select(0, i));
+    for (int64_t i = 0; i < me; ++i) offset = product ? mul(offset, all.select(0, i)) : add(offset, all.select(0, i));
     result = product ? mul(result, offset) : add(result, offset);
   }
   DTensor out(result.to(out_dtype), mesh, out_layout);
@@ -133,31 +141,31 @@ ValuesIndices<DTensor> topk(const DTensor& x, int64_t k, int64_t dim, bool large
   const int64_t n = x.shape()[d];
   TESSERA_CHECK(k >= 0 && k <= n, ValueError, "topk", "k = ", k, " out of range for dim ", d, " of size ", n,
                 " (shape ", x.shape().to_string(), ")");
-  Placements placements;
-  const int64_t m = scannable(x, d, {}, placements);
-  const DTensor xr = implicit_redistribute(x, placements, "topk");
+  const DTensor xr = implicit_redistribute(x, scannable(x, {}), "topk");
   const DeviceMesh& mesh = xr.device_mesh();
-  // The result: dim d of size k, whole on every rank of mesh dim m.
+  const std::vector<int64_t> order = xr.layout().shard_order(d);
+  // The result: dim d of size k, whole on every rank of the mesh dims that shard d.
   Placements out_placements = xr.placements();
-  if (m >= 0) out_placements[static_cast<size_t>(m)] = Replicate{};
+  for (int64_t m : order) out_placements[static_cast<size_t>(m)] = Replicate{};
   Shape out_shape = x.shape();
   out_shape[d] = k;
   // The other dims keep xr's shard order and explicit piece sizes (an uneven layout stays uneven).
-  ShardOrder order;
+  ShardOrder kept_order;
   ShardSizes sizes;
-  for (int64_t k = 0; k < x.ndim(); ++k) {
-    if (k == d || xr.layout().shard_order(k).empty()) continue;
-    order[k] = xr.layout().shard_order(k);
-    if (xr.layout().has_explicit_sizes(k)) sizes[k] = xr.layout().piece_sizes(k);
+  for (int64_t i = 0; i < x.ndim(); ++i) {
+    if (i == d || xr.layout().shard_order(i).empty()) continue;
+    kept_order[i] = xr.layout().shard_order(i);
+    if (xr.layout().has_explicit_sizes(i)) sizes[i] = xr.layout().piece_sizes(i);
   }
-  const Layout values_layout(out_shape, x.dtype(), xr.layout().mesh(), out_placements, order, sizes);
+  const Layout values_layout(out_shape, x.dtype(), xr.layout().mesh(), out_placements, kept_order, sizes);
   if (!mesh.is_member()) return {};
   const Tensor local = DTensorAccess::local(xr).detach();
   ValuesIndices<Tensor> picked;
-  if (m < 0 || mesh.size(m) == 1) {
+  if (xr.layout().piece_sizes(d).size() <= 1) {
     picked = topk(local, k, d, largest, sorted);
   } else {
-    // Each piece's best min(k, piece) with global indices, gathered over m: every piece sends k
+    // Each piece's best min(k, piece) with global indices, gathered over the mesh dims sharding d
+    // (one all_gather over all of them, whatever their order): every piece sends k
     // (padded with the piece's own candidates' worst, never better than a real one), then the
     // best k of the p * k candidates.
     const std::vector<int64_t> coordinate = mesh.coordinate();
@@ -177,20 +185,20 @@ ValuesIndices<DTensor> topk(const DTensor& x, int64_t k, int64_t dim, bool large
       values = cat({values, pad_values}, d);
       indices = cat({indices, full(pad_shape, static_cast<double>(n), DType::i64)}, d);
     }
-    const Tensor all_values = gather_over(mesh, m, values), all_indices = gather_over(mesh, m, indices);
+    const Tensor all_values = gather_pieces(mesh, order, values), all_indices = gather_pieces(mesh, order, indices);
     // [p, ..., k, ...] -> [..., p * k, ...] along d, in piece order.
     std::vector<Tensor> value_parts, index_parts;
-    for (int64_t i = 0; i < mesh.size(m); ++i) {
+    for (int64_t i = 0; i < all_values.shape()[0]; ++i) {
       value_parts.push_back(all_values.select(0, i));
       index_parts.push_back(all_indices.select(0, i));
     }
     const Tensor pool_values = cat(value_parts, d), pool_indices = cat(index_parts, d);
     // Real candidates first on ties with a marker: sort by (value, index) through a stable pick
     // over candidates ordered by global index.
-    const ValuesIndices<Tensor> order = sort(pool_indices, d, false);
-    const Tensor by_index_values = gather(pool_values, d, order.indices);
+    const ValuesIndices<Tensor> by_index = sort(pool_indices, d, false);
+    const Tensor by_index_values = gather(pool_values, d, by_index.indices);
     const ValuesIndices<Tensor> best = topk(by_index_values, k, d, largest, true);
-    picked = {best.values, gather(order.values, d, best.indices)};
+    picked = {best.values, gather(by_index.values, d, best.indices)};
   }
   ValuesIndices<DTensor> out{DTensor(picked.values, mesh, values_layout),
                              DTensor(picked.indices, mesh, values_layout.with_dtype(DType::i64))};

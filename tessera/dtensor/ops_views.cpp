@@ -42,20 +42,26 @@ void record_narrow(DTensor& out, const DTensor& x, int64_t dim, int64_t start, i
                             });
 }
 
-}  // namespace
-
-DTensor reshape(const DTensor& x, const Shape& shape) {
-  const Shape resolved = infer_shape(shape, x.numel(), x.shape(), "reshape");
+// reshape and view share one rule; `op` is the user's call, for its errors and its graph node.
+DTensor reshape_named(const char* op, const DTensor& x, const Shape& shape) {
+  TESSERA_CHECK(x.device_mesh().size() > 0, ShardingError, op,
+                "the input is an undefined DTensor (default-constructed), for shape ", shape.to_string(),
+                "; expected a DTensor on a mesh");
+  const Shape resolved = infer_shape(shape, x.numel(), x.shape(), op);
   return detail::recorded(
       call_op(OpId::reshape, {&x}, ShapeArgs{resolved}, [](Locals l, const Decision& d) { return l[0].reshape(d.output_local_shape); }),
       [&](DTensor& out) {
         derivatives::record_unary(
-            "reshape", out, x,
+            op, out, x,
             [shape = x.shape()](const DTensor& g, const DTensor&, const DTensor&) { return reshape(g, shape); });
       });
 }
 
-DTensor view(const DTensor& x, const Shape& shape) { return reshape(x, shape); }
+}  // namespace
+
+DTensor reshape(const DTensor& x, const Shape& shape) { return reshape_named("reshape", x, shape); }
+
+DTensor view(const DTensor& x, const Shape& shape) { return reshape_named("view", x, shape); }
 
 DTensor flatten(const DTensor& x, int64_t start_dim, int64_t end_dim) {
   return reshape(x, flatten_shape(x.shape(), start_dim, end_dim));

@@ -7,41 +7,84 @@
 
 namespace tessera::mpmd {
 
-MultiMesh::MultiMesh(std::vector<int64_t> shape, std::vector<std::string> names)
-    : global_(std::move(shape), std::move(names)) {}
+namespace {
 
-DeviceMesh MultiMesh::slice(const std::map<std::string, int64_t>& at) const { return global_.slice(at); }
+// The checks DeviceMesh's constructor makes, named after the user's call instead (DeviceMesh's
+// own name the internal call): a mesh of `shape` and `names` over `ranks` ranks. Run before the
+// collective construction, with the same arguments on every rank, so every rank throws alike.
+void check_mesh(const char* call, const std::vector<int64_t>& shape, const std::vector<std::string>& names,
+                size_t ranks, const char* ranks_are) {
+  const std::string text = Shape(shape).to_string();
+  TESSERA_CHECK(names.size() == shape.size(), ShardingError, call, "shape ", text, " has ", shape.size(), " dims but ",
+                names.size(), " axis names were given; expected one name per dim");
+  for (size_t i = 0; i < names.size(); ++i) {
+    TESSERA_CHECK(!names[i].empty(), ShardingError, call, "axis ", i, " of shape ", text, " has an empty name");
+    TESSERA_CHECK(std::count(names.begin(), names.end(), names[i]) == 1, ShardingError, call, "axis name '", names[i],
+                  "' appears twice for shape ", text, "; expected distinct names");
+    TESSERA_CHECK(shape[i] >= 1, ShardingError, call, "axis '", names[i], "' of shape ", text, " has size ", shape[i],
+                  "; expected >= 1");
+  }
+  const int64_t points = Shape(shape).numel();
+  TESSERA_CHECK(points == static_cast<int64_t>(ranks), ShardingError, call, "shape ", text, " holds ", points,
+                " ranks but ", ranks, " ", ranks_are, "; expected one per grid point");
+}
+
+// TaskMesh's arguments, checked under the user's call (the constructor or place()).
+void check_task_mesh(const char* call, const std::vector<int>& devices, const std::vector<int64_t>& shape,
+                     const std::vector<std::string>& names) {
+  check_mesh(call, shape, names, devices.size(), "devices were given");
+  const int world = world_size();
+  for (int device : devices) {
+    TESSERA_CHECK(device >= 0 && device < world, ShardingError, call, "device ", device,
+                  " is not a rank of the world of ", world);
+    TESSERA_CHECK(std::count(devices.begin(), devices.end(), device) == 1, ShardingError, call, "device ", device,
+                  " is listed twice");
+  }
+}
+
+DeviceMesh world_mesh(std::vector<int64_t> shape, std::vector<std::string> names) {
+  check_mesh("MultiMesh", shape, names, static_cast<size_t>(world_size()), "ranks are in the world");
+  return DeviceMesh(std::move(shape), std::move(names));
+}
+
+DeviceMesh task_mesh(const std::vector<int>& devices, std::vector<int64_t> shape, std::vector<std::string> names) {
+  check_task_mesh("TaskMesh", devices, shape, names);
+  return DeviceMesh(std::move(shape), std::move(names), devices);
+}
+
+int64_t axis_size(const DeviceMesh& mesh, std::string_view axis, const char* call) {
+  return mesh.spec().size(mesh.spec().dim_of(axis, call));
+}
+
+}  // namespace
+
+MultiMesh::MultiMesh(std::vector<int64_t> shape, std::vector<std::string> names)
+    : global_(world_mesh(std::move(shape), std::move(names))) {}
+
+DeviceMesh MultiMesh::slice(const std::map<std::string, int64_t>& at) const {
+  for (const auto& [axis, index] : at) {
+    const int64_t size = axis_size(global_, axis, "MultiMesh::slice");
+    TESSERA_CHECK(index >= 0 && index < size, ShardingError, "MultiMesh::slice", "index ", index,
+                  " out of range for axis '", axis, "' of ", global_.to_string(), "; expected 0 <= index < ", size);
+  }
+  return global_.slice(at);
+}
 
 std::vector<DeviceMesh> MultiMesh::split(std::string_view axis) const {
-  const int64_t n = global_.size(axis);
+  const int64_t n = axis_size(global_, axis, "MultiMesh::split");
   std::vector<DeviceMesh> parts;
   for (int64_t i = 0; i < n; ++i) parts.push_back(global_.slice({{std::string(axis), i}}));
   return parts;
 }
 
-namespace {
-
-DeviceMesh mesh_over(const std::vector<int>& devices, std::vector<int64_t> shape, std::vector<std::string> names,
-                     const char* call) {
-  const int world = world_size();
-  for (size_t i = 0; i < devices.size(); ++i) {
-    TESSERA_CHECK(devices[i] >= 0 && devices[i] < world, ShardingError, call, "device ", devices[i],
-                  " is not a rank of the world of ", world);
-    TESSERA_CHECK(std::count(devices.begin(), devices.end(), devices[i]) == 1, ShardingError, call, "device ",
-                  devices[i], " is listed twice");
-  }
-  return DeviceMesh(std::move(shape), std::move(names), devices);
-}
-
-}  // namespace
-
 TaskMesh::TaskMesh(std::vector<int> devices, std::vector<int64_t> shape, std::vector<std::string> names)
-    : devices_(std::move(devices)), mesh_(mesh_over(devices_, std::move(shape), std::move(names), "TaskMesh")) {}
+    : devices_(std::move(devices)), mesh_(task_mesh(devices_, std::move(shape), std::move(names))) {}
 
 TaskMesh TaskMesh::place(std::vector<int> devices) const {
   const MeshSpec& spec = mesh_.spec();
   std::vector<int64_t> shape;
   for (int64_t d = 0; d < spec.ndim(); ++d) shape.push_back(spec.size(d));
+  check_task_mesh("TaskMesh::place", devices, shape, spec.names());
   return TaskMesh(std::move(devices), std::move(shape), spec.names());
 }
 
