@@ -85,25 +85,26 @@ ValuesIndices<DTensor> min(const DTensor& x, int64_t dim, bool keepdim = false);
 // --- indexing along one dim (semantics as on Tensor, ops/indexing.hpp) ------------------------
 // The indexed dim is gathered where it holds positions; the other dims stay sharded where x,
 // index and src agree in size (sharding/index_rules.cpp). index_add with a sharded index adds
-// each rank's rows into a Partial(sum). On DTensor, src must have index's shape.
+// each rank's rows into a Partial(sum); its alpha scales src where src lies. On DTensor, src must
+// have index's shape.
 DTensor gather(const DTensor& x, int64_t dim, const DTensor& index);
 DTensor scatter(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src);
 DTensor scatter_add(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src);
 DTensor index_select(const DTensor& x, int64_t dim, const DTensor& index);
-DTensor index_add(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src);
+DTensor index_add(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src, Scalar alpha = 1);
 
 // --- scans and sorting along one dim (semantics as on Tensor, ops/sort_scan.hpp) --------------
 /// A sharded dim is scanned in place: a local scan, then an exclusive scan of the pieces' totals
-/// (one all_gather of one slice per piece over the mesh dim); the result keeps x's sharding.
-/// A dim sharded by several mesh dims keeps the first (the others are gathered first); cumsum
-/// keeps P(sum)/P(avg) (linear), cumprod reduces Partials first.
+/// (one all_gather of one slice per piece over the mesh dims sharding it, all of them at once, in
+/// any shard order); the result keeps x's layout. cumsum keeps P(sum)/P(avg) (linear), cumprod
+/// reduces Partials first.
 DTensor cumsum(const DTensor& x, int64_t dim);
 DTensor cumprod(const DTensor& x, int64_t dim);
 /// The dim is gathered (Replicate) first; the other dims stay sharded.
 ValuesIndices<DTensor> sort(const DTensor& x, int64_t dim = -1, bool descending = false);
 /// Over a sharded dim: a local topk on each piece, the k candidates of each piece gathered over
-/// the mesh dim (k per piece moves, not the dim), a topk of the candidates; the result's dim is
-/// replicated over that mesh dim. Other dims stay sharded.
+/// the mesh dims sharding it (k per piece moves, not the dim, in any shard order), a topk of the
+/// candidates; the result's dim is replicated over those mesh dims. Other dims stay sharded.
 ValuesIndices<DTensor> topk(const DTensor& x, int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true);
 
 // --- linear algebra: S(0) x R -> S(0), R x S(1) -> S(1), S(1) x S(0) -> P(sum), batch dims pass
@@ -113,7 +114,9 @@ DTensor bmm(const DTensor& a, const DTensor& b);
 DTensor linear(const DTensor& x, const DTensor& weight, const std::optional<DTensor>& bias = std::nullopt);
 
 /// Einstein summation (ops/einsum.hpp); its equation is its sharding rule: a letter sharded on
-/// every operand that has it stays sharded, a contracted letter sharded gives P(sum).
+/// every operand that has it stays sharded, a contracted letter sharded gives P(sum). A repeated
+/// letter (a diagonal) is first contracted with a replicated identity, so its two dims may be
+/// sharded alike (a local slice of the identity) or apart (a Partial).
 DTensor einsum(std::string_view equation, const std::vector<DTensor>& operands);
 /// beta * input + alpha * (mat1 @ mat2) / bmm(batch1, batch2), as on Tensor.
 DTensor addmm(const DTensor& input, const DTensor& mat1, const DTensor& mat2, double beta = 1.0, double alpha = 1.0);

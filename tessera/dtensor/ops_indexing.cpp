@@ -61,16 +61,19 @@ DTensor index_select(const DTensor& x, int64_t dim, const DTensor& index) {
       [&](DTensor& out) { derivatives::record_index_select(out, x, d, index); });
 }
 
-DTensor index_add(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src) {
+DTensor index_add(const DTensor& x, int64_t dim, const DTensor& index, const DTensor& src, Scalar alpha) {
   const int64_t d = checked_dim("index_add", x, dim, index, false);
   Shape expected = x.shape();
   expected[d] = index.shape()[0];
   TESSERA_CHECK(src.shape() == expected, ValueError, "index_add", "src of shape ", src.shape().to_string(),
                 " for input of shape ", x.shape().to_string(), " and ", index.shape()[0], " indices; expected ",
                 expected.to_string());
-  return detail::recorded(call_op(OpId::index_add, {&x, &index, &src}, DimArgs{d},
+  check_index_add_alpha(x.dtype(), alpha);
+  // Scaled where src lies (elementwise: no data moves), and differentiable on its own.
+  const DTensor scaled = alpha.to_double() == 1.0 ? src : mul(src, alpha);
+  return detail::recorded(call_op(OpId::index_add, {&x, &index, &scaled}, DimArgs{d},
                                   [d](Locals l) { return index_add(l[0], d, l[1], l[2]); }),
-                          [&](DTensor& out) { derivatives::record_index_add(out, x, d, index, src); });
+                          [&](DTensor& out) { derivatives::record_index_add(out, x, d, index, scaled); });
 }
 
 }  // namespace tessera

@@ -1,9 +1,13 @@
 // matmul/bmm/linear and the nn ops on DTensor.
+#include <algorithm>
+
 #include <tessera/core/error.hpp>
 #include <tessera/ops/detail/composites.hpp>
+#include <tessera/dtensor/detail/norm_sharded.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/detail/einsum_diagonals.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/fused_backward.hpp>
 #include <tessera/ops/linalg.hpp>
@@ -97,6 +101,8 @@ void check_normalized_shape(const DTensor& x, const Shape& normalized_shape, con
 DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight,
                    const std::optional<DTensor>& bias, double eps) {
   check_normalized_shape(x, normalized_shape, "layer_norm");
+  if (detail::shards_normalized_dim(x, normalized_shape.size()))
+    return detail::norm_over_sharded_dims("layer_norm", x, normalized_shape.size(), weight, bias, eps, true);
   std::vector<const DTensor*> inputs{&x};
   if (weight) inputs.push_back(&*weight);
   if (bias) inputs.push_back(&*bias);
@@ -120,6 +126,8 @@ DTensor layer_norm(const DTensor& x, const Shape& normalized_shape, const std::o
 
 DTensor rms_norm(const DTensor& x, const Shape& normalized_shape, const std::optional<DTensor>& weight, double eps) {
   check_normalized_shape(x, normalized_shape, "rms_norm");
+  if (detail::shards_normalized_dim(x, normalized_shape.size()))
+    return detail::norm_over_sharded_dims("rms_norm", x, normalized_shape.size(), weight, std::nullopt, eps, false);
   std::vector<const DTensor*> inputs{&x};
   if (weight) inputs.push_back(&*weight);
   DTensor x_computed;
@@ -317,6 +325,17 @@ DTensor einsum(std::string_view equation, const std::vector<DTensor>& operands) 
     inputs.push_back(&t);
   }
   const EinsumSpec spec = parse_einsum(equation, shapes);
+  if (std::any_of(spec.inputs.begin(), spec.inputs.end(), detail::has_repeated_letter)) {
+    std::vector<DTensor> diagonals = operands;
+    const EinsumSpec flat = detail::take_diagonals(spec, diagonals, [](int64_t n, const DTensor& operand) {
+      // Replicated, built where it is used: no data moves, and the planner slices it to match a
+      // sharded diagonal dim.
+      const DeviceMesh& mesh = operand.device_mesh();
+      Layout layout(Shape{n, n}, operand.dtype(), mesh.spec(), Placements(static_cast<size_t>(mesh.ndim()), Replicate{}));
+      return DTensor(mesh.is_member() ? eye(n, n, operand.dtype()) : Tensor(), mesh, std::move(layout));
+    });
+    return einsum(flat.equation, diagonals);
+  }
   DTensor out = detail::dispatch(RuleRegistry::id(OpId::einsum), inputs, EquationArgs{spec.equation},
                                  [&](Locals l, const Decision&) {
                                    return einsum(spec.equation, std::vector<Tensor>(l.begin(), l.end()));

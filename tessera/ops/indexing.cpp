@@ -131,7 +131,12 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   return gather(x, d, broadcast_index(index, x.shape(), d));
 }
 
-Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+void check_index_add_alpha(DType x_dtype, Scalar alpha) {
+  TESSERA_CHECK(is_floating(x_dtype) || !alpha.is_floating(), ValueError, "index_add", "alpha ", alpha.to_string(),
+                " is floating for an input of dtype ", name(x_dtype), "; expected an integer alpha (as torch)");
+}
+
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src, Scalar alpha) {
   TESSERA_CHECK(x.defined() && src.defined(), ValueError, "index_add", "an input tensor is undefined (default-constructed)");
   TESSERA_CHECK(x.ndim() > 0, ValueError, "index_add", "expects a tensor with at least 1 dim");
   const int64_t d = normalize_dim(dim, x.ndim(), "index_add", x.shape());
@@ -142,7 +147,10 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
                 " for input of shape ", x.shape().to_string(), " and ", index.shape()[0], " indices; expected ",
                 expected.to_string());
   (void)index_values("index_add", index, x.shape()[d], d, x.shape());
-  return scatter_add(x, d, broadcast_index(index, x.shape(), d), src);
+  check_index_add_alpha(x.dtype(), alpha);
+  // Scaled as its own (differentiable) op: scatter_add's gradient then carries alpha to src.
+  const Tensor scaled = alpha.to_double() == 1.0 ? src : mul(src, alpha);
+  return scatter_add(x, d, broadcast_index(index, x.shape(), d), scaled);
 }
 
 }  // namespace tessera

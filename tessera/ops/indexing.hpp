@@ -18,12 +18,16 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 /// The slices of x at the 1-d index along dim: out.select(dim, i) = x.select(dim, index[i]).
 Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
-/// x with src.select(dim, i) added into x.select(dim, index[i]) (1-d index; repeats accumulate).
-Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+/// x with alpha * src.select(dim, i) added into x.select(dim, index[i]) (1-d index; repeats
+/// accumulate), as torch.index_add. Throws ValueError for a floating alpha on an integer x.
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src, Scalar alpha = 1);
 
 /// The checks on an index of `index` shape and dtype for dim d of an input of shape x: integer,
 /// same ndim and no larger outside d (gather, scatter), or 1-d (index_select, index_add). Pure;
 /// shared by the Tensor and DTensor ops. Throws ValueError naming op and the shapes.
 void check_index_args(const char* op, const Shape& x, const Shape& index, DType index_dtype, int64_t d, bool same_ndim);
+/// index_add's alpha for an input of `x_dtype`: an integer input takes no floating alpha. Pure;
+/// shared by the Tensor and DTensor ops. Throws ValueError naming index_add, alpha and the dtype.
+void check_index_add_alpha(DType x_dtype, Scalar alpha);
 
 }  // namespace tessera

@@ -79,10 +79,10 @@ TEST(Einsum, Errors) {
   const Tensor a = ones({2, 3}), b = ones({4, 2});
   EXPECT_TRUE(value_error([&] { (void)einsum("ij,jk->ik", {a, b}); }, {"[einsum]", "letter 'j' has sizes 3 and 4"}));
   EXPECT_TRUE(value_error([&] { (void)einsum("ijk->i", {a}); }, {"[einsum]", "term 'ijk' has 3 letters", "2 dims"}));
-  EXPECT_TRUE(value_error([&] { (void)einsum("ii->i", {ones({2, 2})}); }, {"[einsum]", "repeats", "diagonals"}));
+  EXPECT_TRUE(value_error([&] { (void)einsum("ii->i", {a}); }, {"[einsum]", "letter 'i' has sizes 2 and 3"}));
   EXPECT_TRUE(value_error([&] { (void)einsum("ij->iz", {a}); }, {"[einsum]", "output letter 'z' appears in no operand"}));
   EXPECT_TRUE(value_error([&] { (void)einsum("ij->ii", {a}); }, {"[einsum]", "output letter 'i' repeats"}));
   EXPECT_TRUE(value_error([&] { (void)einsum("ij,jk->ik", {a}); }, {"[einsum]", "2 operand terms for 1 operands"}));
-  EXPECT_TRUE(value_error([&] { (void)einsum("...i->i", {a}); }, {"[einsum]", "not supported"}));
+  EXPECT_TRUE(value_error([&] { (void)einsum("..i->i", {a}); }, {"[einsum]", "term '..i' has a '.' outside one '...'"}));
   EXPECT_TRUE(value_error([&] { (void)einsum("ij,jk->ik", {a, ones({3, 2}, DType::f64)}); }, {"[einsum]", "dtypes"}));
 }

@@ -335,20 +335,28 @@ void record_linear(T& out, const T& x, const T& w, const std::optional<T>& bias)
   });
 }
 
-/// einsum: the gradient of operand i is the einsum of g with the other operands onto i's
-/// letters, broadcast over the letters only i has (they were summed out).
+/// einsum (spec without repeated letters: diagonals are einsums of their own): the gradient of
+/// operand i is the einsum of g with the other operands onto i's letters, broadcast over the
+/// letters only i has (they were summed out). Operands that need none get none (a diagonal's
+/// identity would cost a contraction as large as the operand).
 template <class T>
 void record_einsum(T& out, const std::vector<T>& operands, const EinsumSpec& spec) {
   if (!needs_grad(operands)) return;
   std::vector<const T*> pointers;
   std::vector<T> saved;
+  std::vector<bool> wanted;
   for (const T& t : operands) {
     pointers.push_back(&t);
     saved.push_back(t.detach());
+    wanted.push_back(needs_grad<T>({&t}));
   }
-  record<T, T>("einsum", out, pointers, [saved, spec](const T& g) {
+  record<T, T>("einsum", out, pointers, [saved, spec, wanted](const T& g) {
     std::vector<T> grads;
     for (size_t i = 0; i < saved.size(); ++i) {
+      if (!wanted[i]) {
+        grads.push_back(T());
+        continue;
+      }
       std::string terms = spec.output, available = spec.output, target;
       std::vector<T> args{g};
       for (size_t j = 0; j < saved.size(); ++j) {
