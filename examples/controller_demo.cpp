@@ -3,8 +3,8 @@
 // "lm.step" on the mesh (every worker runs its SPMD share: forward, backward, clip, AdamW of the
 // transformer LM, tensor parallel over tp and fully sharded over dp) and fetches the loss. The
 // controller holds no tensor data, only handles and the losses it fetched. Then the same
-// training runs as a plain SPMD program and the two loss curves must be identical (exit 1 if
-// not).
+// training runs as a plain SPMD program on the same communication backend and the two loss
+// curves must be identical (exit 1 if not).
 //
 // Run: controller_demo [--steps 8]  (4 in-process workers), or mpirun -np 5 controller_demo (rank 0
 // the controller, ranks 1-4 the workers; the check runs on the controller's process).
@@ -81,7 +81,16 @@ int main(int argc, char** argv) {
     return std::vector<DTensor>{trainer.step()};
   });
 
-  std::vector<double> controlled;
+  // The reference run by the workers themselves: every step in one remote call, no controller
+  // between the steps.
+  const controller::Remote spmd_run = controller::remote("lm.spmd", [steps](const DeviceMesh& mesh, const std::vector<DTensor>&) {
+    Trainer trainer(mesh, steps);
+    std::vector<double> losses;
+    for (int step = 0; step < steps; ++step) losses.push_back(trainer.step().full_tensor().item<double>());
+    return std::vector<DTensor>{DTensor::from_local(from_vector(losses), mesh, {Replicate{}, Replicate{}})};
+  });
+
+  std::vector<double> controlled, spmd;
   char ranks_flag[] = "--ranks", four[] = "4";
   char* worker_argv[] = {argv[0], ranks_flag, four, nullptr};
   const int status = controller::run(3, worker_argv, [&] {
@@ -94,19 +103,26 @@ int main(int argc, char** argv) {
       controlled.push_back(controller::fetch_full(loss).get().item<double>());
       std::printf("step %2d  loss %.4f\n", step, controlled.back());
     }
+    // The reference must run on the workers' backend: backends associate a reduction over more
+    // than two ranks differently (the threads backend sums in rank order, ((a + b) + c) + d;
+    // MPI's recursive doubling (a + b) + (c + d)), so gradients reduced over the 4 workers may
+    // differ in their last bit between backends, and so may a loss (step 5 of 8 does). Worker
+    // processes (under mpirun, ranks from 1) run it here; in-process workers share their
+    // backend with launch() below, a world of its own.
+    if (mesh.spec().ranks().front() != 0) spmd = controller::fetch_full(spmd_run.call(mesh)[0]).get().to_vector<double>();
   });
   if (status != 0) return status;
   if (controlled.empty()) return 0;  // a worker process (under mpirun): the controller checks
 
-  // The same training as an SPMD program on 4 ranks.
-  std::vector<double> spmd;
-  launch(4, [&] {
-    Trainer trainer(DeviceMesh({2, 2}, {"dp", "tp"}), steps);
-    for (int step = 0; step < steps; ++step) {
-      const double loss = trainer.step().full_tensor().item<double>();
-      if (rank() == 0) spmd.push_back(loss);
-    }
-  });
+  if (spmd.empty()) {
+    launch(4, [&] {
+      Trainer trainer(DeviceMesh({2, 2}, {"dp", "tp"}), steps);
+      for (int step = 0; step < steps; ++step) {
+        const double loss = trainer.step().full_tensor().item<double>();
+        if (rank() == 0) spmd.push_back(loss);
+      }
+    });
+  }
   bool same = spmd.size() == controlled.size();
   for (size_t i = 0; same && i < spmd.size(); ++i) same = spmd[i] == controlled[i];
   std::printf("\n%s: the controller's %d losses %s the SPMD program's\n", same ? "IDENTICAL" : "MISMATCH", steps,

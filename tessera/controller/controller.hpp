@@ -264,10 +264,15 @@ class NoMesh {
 /// Registers a remote function under `name`: SPMD code that every worker of a mesh runs with the
 /// mesh and its DTensors (the RemoteTensor arguments' shards), returning DTensors that become
 /// RemoteTensors. State it keeps between calls belongs in rank_state (per worker).
-/// Register before run (every worker process must know it); a worker's exception fails the
-/// call's results. Since user code may throw on some workers while the others wait in one of its
-/// collectives, a throw also fails the stream's communicators of that mesh: the waiting workers
-/// are released at once with the error, and later collectives on that mesh and stream fail with
+/// Register before run (every worker process must know it). A worker's exception fails the
+/// call's results on every worker of the mesh (with the first failing worker's error), and with
+/// them every value computed from them; so does a result that is not a DTensor on the call's
+/// mesh (the error names both meshes). After each call the mesh's workers agree on how it went
+/// (the call ends together on all of them). The stream's communicators of the mesh stay usable
+/// unless a collective was cut short: an exception came out of a collective, the workers'
+/// calls do not pair up, or workers still wait in a collective for a failed one after the desync
+/// grace period (TESSERA_DESYNC_GRACE_S, default 1 s). Then every worker fails them: the waiting
+/// workers are released with the error, and later collectives on that mesh and stream fail with
 /// it (a new Stream works on the mesh afresh). Throws ValueError for an empty name or one
 /// registered twice.
 using RemoteFunction = std::function<std::vector<DTensor>(const DeviceMesh& mesh, const std::vector<DTensor>& inputs)>;

@@ -1,8 +1,8 @@
 // The controller with workers as MPI processes (run under mpirun -np N: rank 0 is the
 // controller, ranks 1..N-1 the workers; ctest runs it as controller.mpi_np3 and _np5). The same
 // program as on threads: ops, a remote function, fetches, layouts, a worker's error, a slice and
-// a mesh reduce; every value is checked against the same computation done locally. Outside
-// mpirun the test does nothing.
+// a mesh reduce, a remote function's failures; every value is checked against the same
+// computation done locally. Outside mpirun the test is skipped.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -17,6 +17,7 @@
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/layout.hpp>
 
+#include "failure_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
 
@@ -37,6 +38,7 @@ TEST(ControllerMpi, WorkersAsProcesses) {
     return std::vector<DTensor>{distribute_tensor(smooth({6, 4}, 0.5), mesh, p)};
   });
   stream_checks::register_remotes();
+  failure_checks::register_remotes();
   char name[] = "controller_mpi_test";
   char* argv[] = {name, nullptr};
   bool ran = false;
@@ -69,9 +71,17 @@ TEST(ControllerMpi, WorkersAsProcesses) {
       const auto z = controller::full({2, 2}, 3.0, half, {Replicate{}});
       EXPECT_TRUE(allclose(controller::fetch_full(controller::add(z, z)).get(), full({2, 2}, 6.0), 0, 0));
     }
+    // A remote function's failures: its results fail on every worker, the mesh keeps working.
+    if (workers >= 2) {
+      failure_checks::check_failures_keep_the_mesh(mesh);
+      failure_checks::check_result_on_another_mesh(mesh);
+    }
     // Streams run concurrently in every worker process (a latch one opens for the other).
     stream_checks::check_streams_run_concurrently();
-    if (workers >= 2) stream_checks::check_partial_failure_releases_the_others();  // last: spends the mesh
+    if (workers >= 2) {  // last: they spend the mesh on the main stream
+      failure_checks::check_unpaired_calls_spend_the_mesh(mesh);
+      stream_checks::check_partial_failure_releases_the_others();
+    }
   });
   EXPECT_EQ(status, 0);
   const char* world_rank = std::getenv("OMPI_COMM_WORLD_RANK");

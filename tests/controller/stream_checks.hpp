@@ -95,8 +95,9 @@ inline void check_streams_run_concurrently() {
 
 /// Inside a controller body (2 or more workers; it spends the main stream's mesh, so call it
 /// last): a remote function that throws on the first worker while the others wait for it in a
-/// collective releases them at once with its error (not the timeout's). Later collectives on
-/// that mesh and stream fail alike; a new stream has fresh communicators and works.
+/// collective releases them with its error after the desync grace period (not the timeout's).
+/// Later collectives on that mesh and stream fail alike; a new stream has fresh communicators
+/// and works.
 inline void check_partial_failure_releases_the_others() {
   using namespace tessera;
   const int n = controller::num_workers();

@@ -143,18 +143,27 @@ class CommandQueue {
   std::deque<std::shared_ptr<const Command>> commands_;
 };
 
+/// A stream's two copies of a mesh (each over communicators of its own): `working` runs the
+/// stream's ops and remote functions; `agreement` only the workers' agreement after a remote
+/// function, so user code that failed half way through a collective cannot desync it.
+struct StreamMesh {
+  DeviceMesh working;
+  DeviceMesh agreement;
+  StreamMesh slice(const std::map<std::string, int64_t>& at) const { return {working.slice(at), agreement.slice(at)}; }
+};
+
 /// A stream's copies of the meshes, handed from the worker's own thread (which makes them:
 /// collective) to the stream's thread (which waits for each where its commands need it).
 class MeshHandoff {
  public:
-  void put(int64_t stream, int64_t mesh, DeviceMesh copy);
-  /// Waits for the copy; throws CommError if `health` fails first.
-  DeviceMesh take(int64_t stream, int64_t mesh, Health& health);
+  void put(int64_t stream, int64_t mesh, StreamMesh copies);
+  /// Waits for the copies; throws CommError if `health` fails first.
+  StreamMesh take(int64_t stream, int64_t mesh, Health& health);
 
  private:
   std::mutex mutex_;
   std::condition_variable ready_cv_;
-  std::map<std::pair<int64_t, int64_t>, DeviceMesh> ready_;
+  std::map<std::pair<int64_t, int64_t>, StreamMesh> ready_;
 };
 
 /// One worker's inbox, whoever feeds it: route() sends each command where it runs. Commands

@@ -137,7 +137,7 @@ DTensor WorkerShared::tensor(uint64_t id, int64_t stream, const StreamMeshes& me
     value = values_.at(id);
   }
   if (value.stream == stream) return value.tensor;
-  return DTensor(value.tensor.to_local(), meshes.at(value.mesh), value.tensor.layout());
+  return DTensor(value.tensor.to_local(), meshes.at(value.mesh).working, value.tensor.layout());
 }
 
 void WorkerShared::store(uint64_t id, Value value) {
@@ -179,34 +179,6 @@ void reply_layout(WorkerShared& shared, const Command& c, const Layout& layout) 
     shared.outbox->push(c.request, Reply{true, {}, false, DType::f32, {}, mpmd::detail::encode_layout(layout)}, nullptr);
 }
 
-// A remote function: the user's SPMD code on this worker's DTensors; its results become values.
-void run_remote(const Command& c, WorkerShared& shared, const StreamMeshes& meshes) {
-  const DeviceMesh& mesh = meshes.at(c.mesh);
-  std::vector<DTensor> inputs;
-  std::string error = shared.gather(c, "remote " + c.op, meshes, inputs);
-  std::vector<DTensor> results;
-  if (error.empty()) {
-    try {
-      results = (*find_remote(c.op))(mesh, inputs);
-      if (results.size() != c.outputs.size())
-        error = worker_error("[remote " + c.op + "] returned " + std::to_string(results.size()) +
-                             " tensors; the call expects " + std::to_string(c.outputs.size()));
-    } catch (const std::exception& e) {
-      error = worker_error(e.what());
-      // User code may fail on some workers only, while the others wait in its collectives:
-      // release them now (the stream's copy of the mesh is spent; a new stream gets a fresh one).
-      mesh.abort(error);
-    }
-  }
-  const bool reporter = mesh.spec().ranks().front() == rank();
-  for (size_t i = 0; i < c.outputs.size(); ++i) {
-    shared.store(c.outputs[i], error.empty() ? Value{results[i], {}, c.stream, c.mesh} : Value{{}, error, c.stream, c.mesh});
-    if (!reporter || i >= c.layouts.size()) continue;  // workers in other processes report when asked
-    if (error.empty()) c.layouts[i]->set(results[i].layout());
-    else c.layouts[i]->fail(error);
-  }
-}
-
 // Reports the layout of an op's result (or its error) to the controller's future, if it holds one.
 void report(const Command& c, const Value& out) {
   if (!c.layout) return;
@@ -216,7 +188,7 @@ void report(const Command& c, const Value& out) {
 
 void run_op(const Command& c, WorkerShared& shared, StreamMeshes& meshes) {
   if (c.remote) return run_remote(c, shared, meshes);
-  const DeviceMesh& mesh = meshes.at(c.mesh);
+  const DeviceMesh& mesh = meshes.at(c.mesh).working;
   // In place (the output among the inputs), a failed target fails the op like any input.
   Value out{{}, {}, c.stream, c.target >= 0 ? c.target : c.mesh};
   std::vector<DTensor> inputs;
@@ -234,7 +206,7 @@ void run_op(const Command& c, WorkerShared& shared, StreamMeshes& meshes) {
   }
   // Reduced onto a slice: its workers keep their (replicated) block on the slice's mesh, the
   // others nothing; the slice's first worker reports.
-  const DeviceMesh& onto = meshes.at(c.target);
+  const DeviceMesh& onto = meshes.at(c.target).working;
   if (out.error.empty() && onto.is_member()) {
     Placements kept;
     for (int64_t d = 0; d < mesh.ndim(); ++d)
@@ -250,7 +222,7 @@ void run_op(const Command& c, WorkerShared& shared, StreamMeshes& meshes) {
 }
 
 void fetch_full(const Command& c, WorkerShared& shared, StreamMeshes& meshes) {
-  const DeviceMesh& mesh = meshes.at(c.mesh);
+  const DeviceMesh& mesh = meshes.at(c.mesh).working;
   std::string error = shared.unreadable(c.output, "fetch_full", "tensor");
   Tensor whole;
   if (error.empty()) {

@@ -30,7 +30,7 @@ struct Value {
 };
 
 /// A stream's meshes by id: its own copies, so its collectives never meet another stream's.
-using StreamMeshes = std::unordered_map<int64_t, DeviceMesh>;
+using StreamMeshes = std::unordered_map<int64_t, StreamMesh>;
 
 /// A worker process's replies to the controller (world rank 0). Streams queue them; the worker's
 /// receiving thread sends them, since it alone uses the world communicator.
@@ -92,6 +92,10 @@ class WorkerShared {
 
 /// Runs command `c` of a stream; false for stop.
 bool execute(const Command& c, WorkerShared& shared, StreamMeshes& meshes);
+/// Runs the remote function of `c` (run_op with remote = true): the user's code, then the
+/// agreement of the mesh's workers on whether it failed anywhere and whether the stream's
+/// communicators of the mesh are still usable (see remote_call.cpp).
+void run_remote(const Command& c, WorkerShared& shared, const StreamMeshes& meshes);
 /// Answers `c` (a fetch or a query) with an error, when it wants an answer.
 void reply_error(WorkerShared& shared, const Command& c, const std::string& error);
 /// "worker rank R: what".

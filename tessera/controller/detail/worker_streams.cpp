@@ -66,15 +66,15 @@ void ReplyOutbox::finish() {
   inflight_.clear();
 }
 
-void MeshHandoff::put(int64_t stream, int64_t mesh, DeviceMesh copy) {
+void MeshHandoff::put(int64_t stream, int64_t mesh, StreamMesh copies) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ready_.insert_or_assign({stream, mesh}, std::move(copy));
+    ready_.insert_or_assign({stream, mesh}, std::move(copies));
   }
   ready_cv_.notify_all();
 }
 
-DeviceMesh MeshHandoff::take(int64_t stream, int64_t mesh, Health& health) {
+StreamMesh MeshHandoff::take(int64_t stream, int64_t mesh, Health& health) {
   std::unique_lock<std::mutex> lock(mutex_);
   const std::pair<int64_t, int64_t> key{stream, mesh};
   while (!ready_cv_.wait_for(lock, std::chrono::milliseconds(50), [&] { return ready_.count(key) > 0; })) {
@@ -82,9 +82,9 @@ DeviceMesh MeshHandoff::take(int64_t stream, int64_t mesh, Health& health) {
     TESSERA_CHECK(failure.empty(), CommError, "controller worker", "stream ", stream, " waits for mesh ", mesh,
                   " but the worker failed: ", failure);
   }
-  DeviceMesh copy = std::move(ready_.at(key));
+  StreamMesh copies = std::move(ready_.at(key));
   ready_.erase(key);
-  return copy;
+  return copies;
 }
 
 WorkerPort::WorkerPort() { streams_.emplace(0, std::make_shared<CommandQueue>()); }
@@ -176,8 +176,8 @@ class StreamThread {
 };
 
 // The worker's own thread: builds the meshes (collective over the world) and starts the
-// streams; each stream gets a duplicate of every mesh, made in stream order then mesh order on
-// every worker, so the duplicates' splits meet.
+// streams; each stream gets two duplicates of every mesh (StreamMesh), made in stream order then
+// mesh order on every worker, so the duplicates' splits meet.
 class Dispatcher {
  public:
   Dispatcher(WorkerShared& shared, WorkerPort& port) : shared_(shared), port_(port) { start_stream(0); }
@@ -190,7 +190,7 @@ class Dispatcher {
             built_.insert_or_assign(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names,
                                                         std::vector<int>(c.args.ints.begin(), c.args.ints.end())))
                 .first->second;
-        for (auto& [id, stream] : streams_) port_.handoff.put(id, c.mesh, built.duplicate());
+        for (auto& [id, stream] : streams_) port_.handoff.put(id, c.mesh, copies_of(built));
         return true;
       }
       case Command::Kind::make_stream:
@@ -207,8 +207,14 @@ class Dispatcher {
 
  private:
   void start_stream(int64_t id) {
-    for (const auto& [mesh_id, mesh] : built_) port_.handoff.put(id, mesh_id, mesh.duplicate());
+    for (const auto& [mesh_id, mesh] : built_) port_.handoff.put(id, mesh_id, copies_of(mesh));
     streams_.emplace(id, std::make_unique<StreamThread>(shared_, port_.handoff, id, port_.stream(id)));
+  }
+
+  // Collective over the workers: the same order (working copy, then agreement copy) on each.
+  static StreamMesh copies_of(const DeviceMesh& mesh) {
+    DeviceMesh working = mesh.duplicate();
+    return {std::move(working), mesh.duplicate()};
   }
 
   WorkerShared& shared_;
