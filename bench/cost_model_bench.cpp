@@ -164,8 +164,8 @@ void bench(const Options& options, const char* argv0) {
       const Plan& plan = *cached_plan(src, dst);
       Point p{c.name, "", side, 0, 0, 0, 0};
       for (const PlanStep& s : plan.steps) {
-        p.plan += (p.plan.empty() ? "" : " + ") + std::string(tessera::name(s.kind)) +
-                  (s.mesh_dims.size() > 1 ? "[" + std::to_string(s.mesh_dims.size()) + "d]" : "");
+        p.plan.append(p.plan.empty() ? "" : " + ").append(tessera::name(s.kind));
+        if (s.mesh_dims.size() > 1) p.plan.append("[").append(std::to_string(s.mesh_dims.size())).append("d]");
         p.bytes += static_cast<double>(s.max_bytes_received());
       }
       p.calls = static_cast<double>(plan.calls());

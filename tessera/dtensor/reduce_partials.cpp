@@ -19,8 +19,8 @@ namespace {
 struct Bucket {
   MeshSpec mesh;
   std::vector<int64_t> dims;
-  ReduceOp op;
-  DType dtype;
+  ReduceOp op = ReduceOp::sum;
+  DType dtype = DType::f32;
   bool scatter = false;
   std::vector<size_t> members;           // indices into the tensors
   std::vector<detail::RowSplit> splits;  // scatter: per member
@@ -159,7 +159,12 @@ std::shared_ptr<PendingReduction::State> reduce(const std::vector<DTensor>& tens
              bucket.dtype == t.dtype() && bucket.scatter == scatter;
     });
     if (it == open.end()) {
-      state->buckets.push_back(Bucket{t.device_mesh().spec(), partial->first, partial->second, t.dtype(), scatter});
+      Bucket& fresh = state->buckets.emplace_back();
+      fresh.mesh = t.device_mesh().spec();
+      fresh.dims = partial->first;
+      fresh.op = partial->second;
+      fresh.dtype = t.dtype();
+      fresh.scatter = scatter;
       it = open.insert(open.end(), state->buckets.size() - 1);
     }
     Bucket& bucket = state->buckets[*it];

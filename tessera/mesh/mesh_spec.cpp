@@ -41,7 +41,10 @@ MeshSpec::MeshSpec() {
 }
 
 MeshSpec::MeshSpec(Shape shape, std::vector<std::string> names, std::vector<int> ranks) {
-  auto data = std::make_shared<Data>(Data{std::move(shape), std::move(names), std::move(ranks)});
+  auto data = std::make_shared<Data>();
+  data->shape = std::move(shape);
+  data->names = std::move(names);
+  data->ranks = std::move(ranks);
   Data& mesh = *data;
   const std::string text = describe(mesh.shape, mesh.names);
   TESSERA_CHECK(static_cast<int64_t>(mesh.names.size()) == mesh.shape.size(), ShardingError, "DeviceMesh", "shape ",

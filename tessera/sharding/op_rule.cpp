@@ -79,7 +79,7 @@ std::string FactorRule::to_string() const {
     return text;
   };
   std::string text;
-  for (size_t i = 0; i < inputs.size(); ++i) text += (i ? "," : "") + letters(inputs[i]);
+  for (size_t i = 0; i < inputs.size(); ++i) text.append(i ? "," : "").append(letters(inputs[i]));
   return text + "->" + letters(output);
 }
 

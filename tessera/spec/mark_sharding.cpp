@@ -125,19 +125,19 @@ std::string type_string(const DTensor& x) {
   const auto& names = layout.mesh().names();
   std::string text = std::string(name(layout.dtype())) + "[";
   for (int64_t d = 0; d < layout.ndim(); ++d) {
-    text += (d ? "," : "") + std::to_string(layout.global_shape()[d]);
+    text.append(d ? "," : "").append(std::to_string(layout.global_shape()[d]));
     const auto& order = layout.shard_order(d);
     if (order.empty()) continue;
     text += "@";
     if (order.size() > 1) text += "(";
-    for (size_t i = 0; i < order.size(); ++i) text += (i ? "," : "") + names[static_cast<size_t>(order[i])];
+    for (size_t i = 0; i < order.size(); ++i) text.append(i ? "," : "").append(names[static_cast<size_t>(order[i])]);
     if (order.size() > 1) text += ")";
   }
   text += "]";
   std::string pending;
   for (size_t m = 0; m < layout.placements().size(); ++m)
     if (const auto* p = std::get_if<Partial>(&layout.placements()[m]))
-      pending += (pending.empty() ? "" : ",") + to_string(Placement(*p)) + "@" + names[m];
+      pending.append(pending.empty() ? "" : ",").append(to_string(Placement(*p))).append("@").append(names[m]);
   return pending.empty() ? text : text + "{" + pending + "}";
 }
 

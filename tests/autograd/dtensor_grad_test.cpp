@@ -169,7 +169,7 @@ void check_grads(const GradCase& c) {
       for (size_t i = 0, rest = index; i < c.globals.size(); ++i) {
         const Placements& p = options[i][rest % options[i].size()];
         rest /= options[i].size();
-        text += (text.empty() ? "" : " ") + to_string(p);
+        text.append(text.empty() ? "" : " ").append(to_string(p));
         if (is_floating(c.globals[i].dtype())) {
           leaves.push_back(leaf(c.globals[i], mesh, p));
         } else {

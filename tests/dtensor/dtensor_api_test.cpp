@@ -299,7 +299,7 @@ TEST(DTensorApiFromLocal, RunCheckRejectsDisagreeingRanksOnEveryRank) {
     options.run_check = true;
     // Every rank compares every rank's layout with the first, so all of them throw.
     EXPECT_TRUE(sharding_error([&] { (void)DTensor::from_local(pattern({r + 1, 2}), line, {Shard{0}}, options); },
-                               {"[DTensor::from_local]", "run_check", "[" + std::to_string(n) + ", 2]"}));
+                               {"[DTensor::from_local]", "run_check", std::string("[").append(std::to_string(n)).append(", 2]")}));
     const Tensor other_dtype = r == 0 ? pattern({2, 2}) : pattern({2, 2}).to(DType::f64);
     EXPECT_TRUE(sharding_error([&] { (void)DTensor::from_local(other_dtype, line, {Replicate{}}, options); },
                                {"[DTensor::from_local]", "run_check", "f32", "f64"}));

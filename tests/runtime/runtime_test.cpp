@@ -431,7 +431,7 @@ TEST(HostTopology, ThreadsSimulateHostsFromTheEnvironment) {
 // Under mpirun: the machines (all ranks of a plain mpirun here share one; the multi-host test
 // sets TESSERA_EXPECT_HOSTS to its number of network namespaces). Ranks agree on the topology,
 // and a host's ranks are the ones MPI puts in one shared-memory group.
-TEST(HostTopology, MpiFindsTheMachinesOfTheJob) {
+TEST(HostTopologyMpi, FindsTheMachinesOfTheJob) {
   if (!under_mpi()) GTEST_SKIP() << "MPI backend only (mpirun)";
   const HostTopology& t = host_topology();
   EXPECT_EQ(t.world_size(), world_size());

@@ -156,7 +156,9 @@ TEST(SpecMesh, MeshFromDeviceIdsLaysRanksOutInTheGivenOrder) {
     const Tensor x = data({4, 6}, 3);
     const DTensor d = mark_sharding(x, mesh, P{"dp", "tp"});
     EXPECT_TRUE(equal(d.to_local(), my_block(x, d)));
-    if (rank() == n - 1) EXPECT_EQ(d.layout().block(mesh.coordinate()).begin, (DimVector{0, 0}));
+    if (rank() == n - 1) {
+      EXPECT_EQ(d.layout().block(mesh.coordinate()).begin, (DimVector{0, 0}));
+    }
     EXPECT_EQ(logical_mesh(DeviceMesh({n}, {"x"})), (std::vector<std::vector<int>>{[&] {
                 std::vector<int> all(static_cast<size_t>(n));
                 for (int r = 0; r < n; ++r) all[static_cast<size_t>(r)] = r;

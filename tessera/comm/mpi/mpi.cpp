@@ -857,7 +857,7 @@ HostTopology find_hosts(int& local_ranks) {
       std::string n(names.data() + static_cast<size_t>(l) * MPI_MAX_PROCESSOR_NAME);
       // Hosts that share a name (network namespaces of one machine) stay distinguishable.
       if (std::find(host_names.begin(), host_names.end(), n) != host_names.end())
-        n += "#" + std::to_string(host_leader.size() - 1);
+        n.append("#").append(std::to_string(host_leader.size() - 1));
       host_names.push_back(n);
       it = host_leader.end() - 1;
     }

@@ -27,7 +27,7 @@ std::vector<std::string> unit_modules(const nn::TransformerLM& model, int64_t un
 std::string unit_label(const nn::TransformerLM& model, int64_t unit) {
   if (unit == 0) return "emb";
   if (unit == model.units() - 1) return "head";
-  return "b" + std::to_string(unit - 1);
+  return std::string("b").append(std::to_string(unit - 1));
 }
 
 std::pair<DTensor, DTensor> synthetic_batch(const nn::TransformerLM& model, int64_t rows, int64_t seq) {
