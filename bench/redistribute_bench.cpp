@@ -90,7 +90,7 @@ RawPlan raw_collectives(const Plan& plan, const DeviceMesh& mesh) {
       std::vector<int64_t> send(static_cast<size_t>(comm.size()), 0), recv = send;
       const auto& ranks = comm.world_ranks();
       auto index = [&](int r) { return static_cast<size_t>(std::find(ranks.begin(), ranks.end(), r) - ranks.begin()); };
-      for (const Transfer& t : step.transfers) {
+      for (const Transfer& t : exchange_transfers(step.before, step.after, me)) {
         if (t.src_rank == me) send[index(t.dst_rank)] += t.block.numel();
         if (t.dst_rank == me) recv[index(t.src_rank)] += t.block.numel();
       }

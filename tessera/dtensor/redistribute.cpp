@@ -361,7 +361,7 @@ Tensor run_plan(const Plan& plan, const Tensor& local, const DeviceMesh& src_mes
       std::shared_ptr<Communicator> group;
       if (step.before.mesh() == step.after.mesh())
         group = (step.before.mesh() == src_mesh.spec() ? src_mesh : dst_mesh).mesh_comm_ptr();
-      current = run_exchange(step.transfers, current, held, want, plan.src.dtype(), group);
+      current = run_exchange(exchange_transfers(step.before, step.after, me), current, held, want, plan.src.dtype(), group);
       continue;
     }
     const DeviceMesh& mesh = step.before.mesh() == src_mesh.spec() ? src_mesh : dst_mesh;

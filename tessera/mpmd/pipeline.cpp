@@ -270,16 +270,17 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       stats_.bytes_sent += block.numel() * itemsize(block.dtype());
     };
     // Moves a tensor across a boundary as the direct exchange of its blocks: each piece of a
-    // destination block from one source rank holding it. Both sides compute the same transfers.
+    // destination block from one source rank holding it. Both sides compute the same transfers,
+    // each only its own.
     const auto send_pieces = [&](const Tensor& local, const Layout& from, const Layout& to, int message) {
-      for (const Transfer& t : direct_exchange(from, to))
+      for (const Transfer& t : exchange_transfers(from, to, rank()))
         if (t.src_rank == rank()) send_block(piece_of_block(local, from, coordinate, t.block), t.dst_rank, message);
     };
     const auto receive_pieces = [&](const Layout& from, const Layout& to, int message) {
       Tensor local = empty(to.local_shape(coordinate), to.dtype());
       std::vector<std::pair<Tensor, Block>> pieces;
       std::vector<Work> works;
-      for (const Transfer& t : direct_exchange(from, to)) {
+      for (const Transfer& t : exchange_transfers(from, to, rank())) {
         if (t.dst_rank != rank()) continue;
         Tensor piece = empty(t.block.shape(), to.dtype());
         works.push_back(comm.irecv(piece.raw_data(), piece.numel(), piece.dtype(), t.src_rank, message));

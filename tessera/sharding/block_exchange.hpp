@@ -23,11 +23,18 @@ struct Transfer {
   friend bool operator==(const Transfer&, const Transfer&) = default;
 };
 
-/// The pieces that turn `src` into `dst` (same global shape; meshes may differ but ranks are
-/// world ranks of one world). Each destination rank takes what it already holds locally and
-/// every other overlapping piece from exactly one holder; among replicas the holder rotates with
-/// the destination rank, spreading the sends. Throws ShardingError if the shapes differ, if src
-/// holds Partial values (they need a reduction, not a copy) or if dst is Partial.
+/// The pieces `world_rank` sends and receives to turn `src` into `dst` (same global shape;
+/// meshes may differ but ranks are world ranks of one world), self copies included. Each
+/// destination rank takes what it already holds locally and every other overlapping piece from
+/// exactly one holder: among the replicas of a block, the one at index (destination rank mod
+/// replicas), so the sends spread and both sides compute the same pieces on their own. Costs
+/// what the rank moves (the pieces overlapping its blocks), not the rank count. Throws
+/// ShardingError if the shapes differ, if src holds Partial values (they need a reduction, not a
+/// copy) or if dst is Partial.
+std::vector<Transfer> exchange_transfers(const Layout& src, const Layout& dst, int world_rank);
+
+/// Every rank's transfers: what each destination rank receives (exchange_transfers), for tests
+/// and plan explanations. O(ranks).
 std::vector<Transfer> direct_exchange(const Layout& src, const Layout& dst);
 
 /// Bytes `world_rank` must receive to hold its block of dst: the part of its destination block

@@ -86,7 +86,10 @@ size_t compute_hash(const Layout& layout) {
   for (const auto& p : layout.placements()) mix(std::hash<tessera::Placement>{}(p));
   for (int64_t d = 0; d < layout.ndim(); ++d) {
     for (int64_t m : layout.shard_order(d)) mix(std::hash<int64_t>{}(m));
-    for (int64_t s : layout.piece_sizes(d)) mix(std::hash<int64_t>{}(s));
+    // Chunk pieces follow from the shape and the order; only explicit ones add to the hash.
+    mix(layout.has_explicit_sizes(d) ? 1 : 0);
+    if (layout.has_explicit_sizes(d))
+      for (int64_t s : layout.piece_sizes(d)) mix(std::hash<int64_t>{}(s));
   }
   return h;
 }
@@ -131,35 +134,37 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
                   Shape(expected).to_string(), ", in layout ", text());
     l.orders[static_cast<size_t>(dim)] = order;
   }
+  l.splits.resize(static_cast<size_t>(nd));
+  l.counts.assign(static_cast<size_t>(nd), 1);
   l.pieces.resize(static_cast<size_t>(nd));
   l.starts.resize(static_cast<size_t>(nd));
   l.explicit_sizes.assign(static_cast<size_t>(nd), false);
   for (int64_t d = 0; d < nd; ++d) {
-    std::vector<int64_t> splits;
+    auto& splits = l.splits[static_cast<size_t>(d)];
     for (int64_t m : l.orders[static_cast<size_t>(d)]) splits.push_back(l.mesh.shape()[m]);
     const int64_t count = std::accumulate(splits.begin(), splits.end(), int64_t{1}, std::multiplies<>());
-    auto& pieces = l.pieces[static_cast<size_t>(d)];
-    if (auto it = sizes.find(d); it != sizes.end()) {
-      TESSERA_CHECK(!splits.empty(), ShardingError, "Layout", "explicit sizes for tensor dim ", d,
-                    ", which is not sharded, in layout ", text());
-      pieces = it->second;
-      TESSERA_CHECK(static_cast<int64_t>(pieces.size()) == count, ShardingError, "Layout", "explicit sizes ",
-                    Shape(pieces).to_string(), " for tensor dim ", d, " have ", pieces.size(), " entries; expected ",
-                    count, " (one per piece) in layout ", text());
-      int64_t total = 0;
-      for (int64_t s : pieces) {
-        TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative explicit size ", s, " for tensor dim ", d,
-                      " in layout ", text());
-        total += s;
-      }
-      TESSERA_CHECK(total == l.global_shape[d], ShardingError, "Layout", "explicit sizes ", Shape(pieces).to_string(),
-                    " for tensor dim ", d, " add up to ", total, " but the dim has size ", l.global_shape[d],
+    l.counts[static_cast<size_t>(d)] = count;
+    const auto it = sizes.find(d);
+    if (it == sizes.end()) continue;  // chunk semantics: pieces in closed form, never stored
+    TESSERA_CHECK(!splits.empty(), ShardingError, "Layout", "explicit sizes for tensor dim ", d,
+                  ", which is not sharded, in layout ", text());
+    const std::vector<int64_t>& pieces = it->second;
+    TESSERA_CHECK(static_cast<int64_t>(pieces.size()) == count, ShardingError, "Layout", "explicit sizes ",
+                  Shape(pieces).to_string(), " for tensor dim ", d, " have ", pieces.size(), " entries; expected ",
+                  count, " (one per piece) in layout ", text());
+    int64_t total = 0;
+    for (int64_t s : pieces) {
+      TESSERA_CHECK(s >= 0, ShardingError, "Layout", "negative explicit size ", s, " for tensor dim ", d,
                     " in layout ", text());
-      // Sizes equal to chunk semantics are the default layout, not an explicit one.
-      l.explicit_sizes[static_cast<size_t>(d)] = pieces != chunk_sizes(l.global_shape[d], splits);
-    } else {
-      pieces = chunk_sizes(l.global_shape[d], splits);
+      total += s;
     }
+    TESSERA_CHECK(total == l.global_shape[d], ShardingError, "Layout", "explicit sizes ", Shape(pieces).to_string(),
+                  " for tensor dim ", d, " add up to ", total, " but the dim has size ", l.global_shape[d],
+                  " in layout ", text());
+    // Sizes equal to chunk semantics are the default layout, not an explicit one.
+    if (pieces == chunk_sizes(l.global_shape[d], splits)) continue;
+    l.explicit_sizes[static_cast<size_t>(d)] = true;
+    l.pieces[static_cast<size_t>(d)] = pieces;
     auto& starts = l.starts[static_cast<size_t>(d)];
     starts.assign(pieces.size() + 1, 0);
     for (size_t i = 0; i < pieces.size(); ++i) starts[i + 1] = starts[i] + pieces[i];
@@ -205,11 +210,55 @@ Block Layout::block(const std::vector<int64_t>& coordinate) const {
   for (int64_t d = 0; d < ndim(); ++d) {
     const auto& order = data_->orders[static_cast<size_t>(d)];
     if (order.empty()) continue;
-    const int64_t piece = piece_of(data_->mesh, order, coordinate);
-    out.begin[d] = data_->starts[static_cast<size_t>(d)][static_cast<size_t>(piece)];
-    out.end[d] = data_->starts[static_cast<size_t>(d)][static_cast<size_t>(piece) + 1];
+    const auto [begin, end] = piece_range(d, piece_of(data_->mesh, order, coordinate));
+    out.begin[d] = begin;
+    out.end[d] = end;
   }
   return out;
+}
+
+std::vector<int64_t> Layout::piece_sizes(int64_t dim) const {
+  if (data_->explicit_sizes[static_cast<size_t>(dim)]) return data_->pieces[static_cast<size_t>(dim)];
+  return chunk_sizes(data_->global_shape[dim], data_->splits[static_cast<size_t>(dim)]);
+}
+
+std::pair<int64_t, int64_t> Layout::piece_range(int64_t dim, int64_t piece) const {
+  const auto d = static_cast<size_t>(dim);
+  if (data_->explicit_sizes[d]) {
+    const auto& starts = data_->starts[d];
+    return {starts[static_cast<size_t>(piece)], starts[static_cast<size_t>(piece) + 1]};
+  }
+  // Nested chunks: the piece's digit at each level (mixed radix, the first split major) picks a
+  // chunk of the piece chosen so far.
+  const auto& splits = data_->splits[d];
+  int64_t begin = 0, length = data_->global_shape[dim], place = data_->counts[d];
+  for (int64_t k : splits) {
+    place /= k;
+    const int64_t digit = (piece / place) % k;
+    const int64_t c = (length + k - 1) / k;
+    const int64_t lo = std::min(digit * c, length), hi = std::min(lo + c, length);
+    begin += lo;
+    length = hi - lo;
+  }
+  return {begin, begin + length};
+}
+
+int64_t Layout::max_piece_size(int64_t dim) const {
+  const auto d = static_cast<size_t>(dim);
+  if (data_->explicit_sizes[d]) {
+    const auto& pieces = data_->pieces[d];
+    return pieces.empty() ? 0 : *std::max_element(pieces.begin(), pieces.end());
+  }
+  // The first chunk at every level is a largest one.
+  const auto [begin, end] = piece_range(dim, 0);
+  return end - begin;
+}
+
+int64_t Layout::max_block_numel() const {
+  // A mesh dim shards one tensor dim at most, so the dims' pieces vary independently.
+  int64_t most = 1;
+  for (int64_t d = 0; d < ndim(); ++d) most *= max_piece_size(d);
+  return most;
 }
 
 DimVector Layout::global_offset(const std::vector<int64_t>& coordinate) const {

@@ -10,6 +10,8 @@
 #include <unordered_map>
 
 #include <tessera/core/error.hpp>
+#include <tessera/sharding/detail/rank_classes.hpp>
+#include <tessera/sharding/detail/step_cost.hpp>
 
 namespace tessera {
 
@@ -26,7 +28,7 @@ std::string_view name(StepKind kind) {
 
 namespace {
 
-int64_t max_of(const std::vector<int64_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+using detail::rounds;
 
 std::string bytes_text(int64_t bytes) {
   if (bytes < 10 * 1024) return std::to_string(bytes) + " B";
@@ -34,189 +36,13 @@ std::string bytes_text(int64_t bytes) {
   return std::to_string(bytes / (1024 * 1024)) + " MiB";
 }
 
-bool contains(const Block& outer, const Block& inner) {
-  for (int64_t d = 0; d < outer.begin.size(); ++d)
-    if (inner.numel() > 0 && (inner.begin[d] < outer.begin[d] || inner.end[d] > outer.end[d])) return false;
-  return true;
-}
-
-int world_extent(const Layout& a, const Layout& b) {
-  int top = 0;
-  for (int r : a.mesh().ranks()) top = std::max(top, r);
-  for (int r : b.mesh().ranks()) top = std::max(top, r);
-  return top + 1;
-}
-
-int64_t max_block_numel(const Layout& layout) {
-  int64_t most = 0;
-  for (int r : layout.mesh().ranks()) most = std::max(most, layout.block_of_rank(r).numel());
-  return most;
-}
-
-// Elements of its destination block the busiest rank of dst does not hold in `at` (a Partial
-// counts as holding its block; a rank outside at's mesh holds nothing).
-int64_t most_lacking(const Layout& at, const Layout& dst) {
-  int64_t most = 0;
-  for (int r : dst.mesh().ranks()) {
-    const Block want = dst.block_of_rank(r);
-    const int64_t held = at.mesh().contains(r) ? at.block_of_rank(r).intersect(want).numel() : 0;
-    most = std::max(most, want.numel() - held);
-  }
-  return most;
-}
-
-// Rounds of a latency-optimal collective over k ranks (recursive halving or doubling): the
-// messages the model charges a rank, ceil(log2 k).
-int64_t rounds(int64_t k) { return k <= 1 ? 0 : std::bit_width(static_cast<uint64_t>(k - 1)); }
-
-// The mesh dims whose placement differs, ascending.
-std::vector<int64_t> changed_dims(const Layout& before, const Layout& after) {
-  std::vector<int64_t> changed;
-  for (int64_t m = 0; m < before.mesh().ndim(); ++m)
-    if (!(before.placements()[static_cast<size_t>(m)] == after.placements()[static_cast<size_t>(m)]))
-      changed.push_back(m);
-  return changed;
-}
-
-// The collective that turns `from` into `to` on one mesh dim, if one does.
-std::optional<StepKind> change_kind(const Placement& from, const Placement& to) {
-  if (is_shard(from) && is_replicate(to)) return StepKind::all_gather;
-  if (is_shard(from) && is_shard(to)) return StepKind::all_to_all;
-  if (is_replicate(from) && is_shard(to)) return StepKind::local_chunk;
-  if (is_partial(from) && is_replicate(to)) return StepKind::all_reduce;
-  if (is_partial(from) && is_shard(to)) return StepKind::reduce_scatter;
-  if (is_replicate(from) && is_partial(to)) return StepKind::to_partial;
-  return std::nullopt;
-}
-
-// Kinds that may span several mesh dims in one call (all_to_all across dims is the exchange).
-bool spans_dims(StepKind kind) {
-  return kind == StepKind::all_gather || kind == StepKind::all_reduce || kind == StepKind::reduce_scatter ||
-         kind == StepKind::local_chunk;
-}
-
-// A step changing the placements at one mesh dim, or at several with the same kind of change
-// (one call over their flattened group), costed per rank; nullopt when no single collective does
-// it (the blocks do not line up, or the change is not one of the step kinds).
-std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after, int world) {
-  if (!(before.mesh() == after.mesh())) return std::nullopt;
-  PlanStep step;
-  step.mesh_dims = changed_dims(before, after);
-  if (step.mesh_dims.empty()) return std::nullopt;
-  std::optional<ReduceOp> op;
-  for (int64_t m : step.mesh_dims) {
-    const Placement& from = before.placements()[static_cast<size_t>(m)];
-    const Placement& to = after.placements()[static_cast<size_t>(m)];
-    const auto kind = change_kind(from, to);
-    if (!kind || (m != step.mesh_dims.front() && *kind != step.kind)) return std::nullopt;
-    step.kind = *kind;
-    const Placement& partial = is_partial(from) ? from : to;
-    if (is_partial(partial)) {
-      if (op && *op != std::get<Partial>(partial).op) return std::nullopt;
-      op = std::get<Partial>(partial).op;
-    }
-  }
-  if (step.mesh_dims.size() > 1 && !spans_dims(step.kind)) return std::nullopt;
-  if (step.mesh_dims.size() == 1) step.mesh_dim = step.mesh_dims.front();
-  if (op) step.op = *op;
-
-  const MeshSpec& mesh = before.mesh();
-  int64_t k = 1;
-  for (int64_t m : step.mesh_dims) k *= mesh.shape()[m];
-  const int64_t item = itemsize(before.dtype());
-  step.bytes_sent.assign(static_cast<size_t>(world), 0);
-  step.bytes_received.assign(static_cast<size_t>(world), 0);
-  for (int r : mesh.ranks()) {
-    const auto coordinate = mesh.coordinate_of(r);
-    const Block want = after.block(coordinate);
-    const Block held = before.block(coordinate);
-    auto& received = step.bytes_received[static_cast<size_t>(r)];
-    switch (step.kind) {
-      case StepKind::local_chunk:
-        if (!contains(held, want)) return std::nullopt;
-        break;
-      case StepKind::to_partial:
-        if (!(held == want)) return std::nullopt;
-        break;
-      case StepKind::all_gather:
-      case StepKind::all_to_all: {
-        // Source blocks along the group are disjoint (Shard at every dim of it): they must cover `want`.
-        int64_t covered = 0, peers = 0;
-        for (const auto& c : mesh.group(coordinate, step.mesh_dims)) {
-          const int64_t piece = before.block(c).intersect(want).numel();
-          covered += piece;
-          if (c == coordinate || piece == 0) continue;
-          received += piece * item;
-          step.bytes_sent[static_cast<size_t>(mesh.rank_at(c))] += piece * item;
-          ++peers;
-        }
-        if (covered != want.numel()) return std::nullopt;
-        // A gather relays through log2(k) rounds; an all_to_all sends to each peer directly.
-        if (step.kind == StepKind::all_gather) peers = std::min(peers, rounds(k));
-        step.messages = std::max(step.messages, peers);
-        break;
-      }
-      case StepKind::reduce_scatter: {
-        // Every rank of the group holds the same (partial) block; the new blocks must tile it.
-        if (!contains(held, want)) return std::nullopt;
-        int64_t tiled = 0;
-        for (const auto& c : mesh.group(coordinate, step.mesh_dims)) tiled += after.block(c).numel();
-        if (tiled != held.numel()) return std::nullopt;
-        received = (k - 1) * want.numel() * item;
-        step.bytes_sent[static_cast<size_t>(r)] = (held.numel() - want.numel()) * item;
-        step.messages = std::max(step.messages, rounds(k));  // recursive halving
-        break;
-      }
-      case StepKind::all_reduce:
-        if (!(held == want)) return std::nullopt;
-        // Bytes of a bandwidth-optimal all-reduce (ring or Rabenseifner): 2(k-1)/k of the block;
-        // latency of recursive doubling (small messages): log2(k) rounds, two more when k is
-        // not a power of two (the extra ranks fold in first and get the result last).
-        received = 2 * (k - 1) * held.numel() * item / k;
-        step.bytes_sent[static_cast<size_t>(r)] = received;
-        step.messages = std::max(step.messages, rounds(k) + ((k & (k - 1)) != 0 ? 2 : 0));
-        break;
-      case StepKind::exchange:
-        break;
-    }
-  }
-  step.calls = step.messages > 0 ? 1 : 0;
-  step.before = before;
-  step.after = after;
-  return step;
-}
-
-PlanStep exchange_step(const Layout& before, const Layout& after, int world) {
-  PlanStep step;
-  step.kind = StepKind::exchange;
-  step.before = before;
-  step.after = after;
-  step.transfers = direct_exchange(before, after);
-  step.bytes_sent.assign(static_cast<size_t>(world), 0);
-  step.bytes_received.assign(static_cast<size_t>(world), 0);
-  const int64_t item = itemsize(before.dtype());
-  std::vector<std::vector<int>> peers(static_cast<size_t>(world));
-  for (const Transfer& t : step.transfers) {
-    if (t.src_rank == t.dst_rank) continue;
-    step.bytes_sent[static_cast<size_t>(t.src_rank)] += t.block.numel() * item;
-    step.bytes_received[static_cast<size_t>(t.dst_rank)] += t.block.numel() * item;
-    auto& p = peers[static_cast<size_t>(t.src_rank)];
-    if (std::find(p.begin(), p.end(), t.dst_rank) == p.end()) p.push_back(t.dst_rank);
-  }
-  for (const auto& p : peers) step.messages = std::max<int64_t>(step.messages, static_cast<int64_t>(p.size()));
-  step.calls = step.messages > 0 ? 1 : 0;
-  return step;
-}
-
 // Time of a step (CostModel) in bytes: the busiest receiver plus the call and message latency;
 // the lower bound is on receives, so that is what the model counts (sends are balanced by
 // direct_exchange). A tiny share of the total breaks ties toward plans that move less overall.
 double step_score(const PlanStep& step, const PlanOptions& options) {
-  int64_t busiest = 0, total = 0;
-  for (int64_t b : step.bytes_received) busiest = std::max(busiest, b), total += b;
   // Ties go to fewer steps, and to a collective over an exchange of the same cost.
   const double tie = step.kind == StepKind::exchange ? 0.5 : 0.25;
-  return static_cast<double>(busiest) + 1e-3 * static_cast<double>(total) +
+  return static_cast<double>(step.max_received) + 1e-3 * static_cast<double>(step.total_received) +
          options.cost.message_bytes() * static_cast<double>(step.messages) +
          options.cost.call_bytes() * static_cast<double>(step.calls) + tie;
 }
@@ -313,8 +139,13 @@ std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOp
     std::vector<Placement> targets;
     if (at.mesh().shape()[m] == 1) {
       // One rank along m: every placement there holds the same data, so the only useful change
-      // is to the destination's (or, towards another mesh, out of a Partial).
-      if (want && !(*want == cur) && !is_partial(*want)) targets.push_back(*want);
+      // is to the destination's (or, towards another mesh, out of a Partial). A Partial may also
+      // go to Replicate first: the destination's Shard may not line up with explicit sizes the
+      // other mesh dims keep until later.
+      if (want && !(*want == cur) && !is_partial(*want)) {
+        targets.push_back(*want);
+        if (is_partial(cur) && !is_replicate(*want)) targets.push_back(Replicate{});
+      }
       else if (want && is_partial(*want) && is_replicate(cur) && options.allow_partial_destination) targets.push_back(*want);
       else if (want && is_partial(*want) && !is_replicate(cur)) targets.push_back(Replicate{});
       else if (!want && is_partial(cur)) targets.push_back(Replicate{});
@@ -342,15 +173,56 @@ std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOp
   return out;
 }
 
+// What every plan from src to dst receives at least, in bytes: the busiest rank, and all ranks
+// together. Partial mesh dims the destination keeps are Q independent problems; the others hold
+// K distinct contributions of every element that must be combined.
+struct ReceiveBound {
+  int64_t busiest = 0;
+  int64_t total = 0;
+};
+ReceiveBound receive_bound(const Layout& src, const Layout& dst, const detail::Lacking& lack) {
+  const bool same_mesh = src.mesh() == dst.mesh();
+  int64_t contributions = 1, kept = 1;
+  for (int64_t m = 0; m < src.mesh().ndim(); ++m) {
+    const Placement& p = src.placements()[static_cast<size_t>(m)];
+    if (!is_partial(p)) continue;
+    (same_mesh && dst.placements()[static_cast<size_t>(m)] == p ? kept : contributions) *= src.mesh().shape()[m];
+  }
+  const int64_t item = itemsize(src.dtype());
+  // Per rank: every element of its destination block it does not hold, and with K > 1 every
+  // element at all (it cannot hold all K contributions).
+  if (contributions == 1) return {lack.most * item, lack.total * item};
+  const int64_t busiest = dst.max_block_numel();
+  // The blocks over the mesh dims that shard tile the tensor once per coordinate of the others.
+  int64_t destination_elements = dst.global_shape().numel();
+  for (int64_t m = 0; m < dst.mesh().ndim(); ++m)
+    if (!is_shard(dst.placements()[static_cast<size_t>(m)])) destination_elements *= dst.mesh().shape()[m];
+  // Over all ranks: combining K contributions of an element takes K - 1 receives of it, and its
+  // H destination holders need H - 1 more (the one that combined it may hold it). Summed over
+  // elements and divided over the ranks, that is what the average rank, so the busiest, receives.
+  // [P, P] -> [R, R] on 2x2: (3 + 3) N / 4 = 1.5 N, what reduce-scatter twice then all-gather
+  // twice achieves (the per-dim sum would say 2 N).
+  int64_t ranks = src.mesh().size();
+  if (!same_mesh)
+    for (int r : dst.mesh().ranks()) ranks += src.mesh().contains(r) ? 0 : 1;
+  const int64_t total = (contributions - 2) * src.global_shape().numel() * kept + destination_elements;
+  // All ranks: per rank the average, rounded down as the steps' per-rank figures are.
+  const int64_t average = total * item / ranks;
+  return {std::max(busiest * item, average), std::max(average * ranks, lack.total * item)};
+}
+
 // A lower bound on the score of every path the search can take from `at` to `dst`, from four
 // counts no step can avoid:
-// - bytes: what the busiest destination rank lacks (a Partial counts as holding its block; its
-//   reduction still has to bring the block in, so this only undercounts);
+// - bytes: plan_lower_bound: what the busiest destination rank lacks (a Partial counts as
+//   holding its block), and with Partial values to combine, what combining them takes;
 // - messages: the Partial mesh dims dst does not keep, of k1, k2, ... ranks, need reductions over
 //   them: rounds(k1 k2 ...) messages at least, however they are grouped into calls (rounds of a
-//   product never exceed the sum of the rounds); and one more if a rank lacks elements, which
-//   no reduction brings (a reduction's result lies inside the block it reduces);
+//   product never exceed the sum of the rounds); and what a rank lacks, which no reduction
+//   brings (a reduction's result lies inside the block it reduces), comes from s other blocks:
+//   each message at most doubles the blocks whose data a rank holds, so rounds(s) messages at
+//   least (one if s is 1);
 // - calls: one for the reductions, one for what a rank lacks;
+// - the score's share of all ranks' receives: every rank receives at least what it lacks;
 // - steps (the tie-break): one step changes mesh dims of one kind only, and the kind follows
 //   from the placement left (Shard: gather or all_to_all; Replicate: chunk or to_partial;
 //   Partial: a reduction), so each class of placement among the differing dims takes a step of
@@ -360,7 +232,8 @@ std::vector<Layout> neighbours(const Layout& at, const Layout& dst, const PlanOp
 double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options) {
   if (at == dst) return 0;
   const bool same_mesh = at.mesh() == dst.mesh();
-  const int64_t lacking = most_lacking(at, dst);
+  const detail::Lacking lack = detail::lacking(at, dst);
+  const int64_t lacking = lack.most;
   int64_t reduced_ranks = 1;
   bool leaves[3] = {false, false, false};  // a differing mesh dim leaves Shard, Replicate, Partial
   for (int64_t m = 0; m < at.mesh().ndim(); ++m) {
@@ -373,12 +246,17 @@ double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& o
   const double classes = 0.25 * (leaves[0] + leaves[1] + leaves[2]);
   const double steps = std::max(0.25, std::min(classes, leaves[2] ? 0.75 : 0.5));
   const int64_t reduce_messages = rounds(reduced_ranks);
-  const double bytes = static_cast<double>(lacking * itemsize(dst.dtype()));
+  const int64_t item = itemsize(dst.dtype());
+  const ReceiveBound receives =
+      dst.has_partial() ? ReceiveBound{lacking * item, lack.total * item} : receive_bound(at, dst, lack);
+  const double bytes = static_cast<double>(receives.busiest);
   // A reduction never brings a rank elements outside its block, so what a rank lacks comes by
-  // another step (gather, all_to_all, exchange): its call and message come on top.
-  const int64_t messages = (lacking > 0 ? 1 : 0) + reduce_messages;
+  // another step (gather, all_to_all, exchange): its calls and messages come on top.
+  const int64_t messages = (lacking > 0 ? std::max<int64_t>(1, rounds(lack.sources)) : 0) + reduce_messages;
   const int64_t calls = (lacking > 0 ? 1 : 0) + (reduce_messages > 0 ? 1 : 0);
-  return bytes + options.cost.message_bytes() * static_cast<double>(messages) +
+  // The score's tie-break share of all ranks' receives: each rank receives what it lacks.
+  const double total = 1e-3 * static_cast<double>(receives.total);
+  return bytes + total + options.cost.message_bytes() * static_cast<double>(messages) +
          options.cost.call_bytes() * static_cast<double>(calls) + steps;
 }
 
@@ -390,9 +268,6 @@ Placements without_partial(const Placements& placements) {
 }
 
 }  // namespace
-
-int64_t PlanStep::max_bytes_sent() const { return max_of(bytes_sent); }
-int64_t PlanStep::max_bytes_received() const { return max_of(bytes_received); }
 
 std::string PlanStep::to_string() const {
   std::ostringstream out;
@@ -422,31 +297,45 @@ std::string PlanStep::to_string() const {
 
 int64_t Plan::bytes_received(int world_rank) const {
   int64_t total = 0;
-  for (const auto& s : steps)
-    if (world_rank >= 0 && static_cast<size_t>(world_rank) < s.bytes_received.size())
-      total += s.bytes_received[static_cast<size_t>(world_rank)];
+  for (const auto& s : steps) total += s.bytes_received(world_rank);
   return total;
 }
 
 int64_t Plan::bytes_sent(int world_rank) const {
   int64_t total = 0;
-  for (const auto& s : steps)
-    if (world_rank >= 0 && static_cast<size_t>(world_rank) < s.bytes_sent.size())
-      total += s.bytes_sent[static_cast<size_t>(world_rank)];
+  for (const auto& s : steps) total += s.bytes_sent(world_rank);
   return total;
 }
 
 int64_t Plan::max_bytes_received() const {
+  if (steps.empty()) return 0;
+  // On one mesh the busiest rank over the whole plan is found among classes of ranks alike in
+  // every step's layouts; across meshes, rank by rank.
+  const MeshSpec& mesh = steps.front().before.mesh();
+  bool one_mesh = true;
+  std::vector<const Layout*> layouts;
+  for (const auto& s : steps) {
+    one_mesh = one_mesh && s.before.mesh() == mesh && s.after.mesh() == mesh;
+    layouts.push_back(&s.before);
+    layouts.push_back(&s.after);
+  }
   int64_t most = 0;
-  const int world = world_extent(src, dst);
-  for (int r = 0; r < world; ++r) most = std::max(most, bytes_received(r));
+  if (one_mesh) {
+    detail::for_each_rank_class(mesh, layouts, [&](const std::vector<int64_t>& c, int64_t) {
+      int64_t total = 0;
+      for (const auto& s : steps) total += detail::received_at(s, c);
+      most = std::max(most, total);
+    });
+    return most;
+  }
+  for (const MeshSpec* m : {&src.mesh(), &dst.mesh()})
+    for (int r : m->ranks()) most = std::max(most, bytes_received(r));
   return most;
 }
 
 int64_t Plan::total_bytes_received() const {
   int64_t total = 0;
-  for (const auto& s : steps)
-    for (int64_t b : s.bytes_received) total += b;
+  for (const auto& s : steps) total += s.total_received;
   return total;
 }
 
@@ -464,37 +353,12 @@ int64_t Plan::messages() const {
 
 std::string Plan::to_string() const {
   std::string text;
-  for (size_t i = 0; i < steps.size(); ++i) text += (i ? "\n" : "") + steps[i].to_string();
+  for (size_t i = 0; i < steps.size(); ++i) text.append(i ? "\n" : "").append(steps[i].to_string());
   return text.empty() ? "no steps" : text;
 }
 
 int64_t plan_lower_bound(const Layout& src, const Layout& dst) {
-  // Partial mesh dims the destination keeps are Q independent problems; the others hold K
-  // distinct contributions of every element that must be combined.
-  const bool same_mesh = src.mesh() == dst.mesh();
-  int64_t contributions = 1, kept = 1;
-  for (int64_t m = 0; m < src.mesh().ndim(); ++m) {
-    const Placement& p = src.placements()[static_cast<size_t>(m)];
-    if (!is_partial(p)) continue;
-    (same_mesh && dst.placements()[static_cast<size_t>(m)] == p ? kept : contributions) *= src.mesh().shape()[m];
-  }
-  const int64_t item = itemsize(src.dtype());
-  // Per rank: every element of its destination block it does not hold, and with K > 1 every
-  // element at all (it cannot hold all K contributions).
-  if (contributions == 1) return most_lacking(src, dst) * item;
-  const int64_t busiest = max_block_numel(dst);
-  int64_t destination_elements = 0;
-  for (int r : dst.mesh().ranks()) destination_elements += dst.block_of_rank(r).numel();
-  // Over all ranks: combining K contributions of an element takes K - 1 receives of it, and its
-  // H destination holders need H - 1 more (the one that combined it may hold it). Summed over
-  // elements and divided over the ranks, that is what the average rank, so the busiest, receives.
-  // [P, P] -> [R, R] on 2x2: (3 + 3) N / 4 = 1.5 N, what reduce-scatter twice then all-gather
-  // twice achieves (the per-dim sum would say 2 N).
-  std::vector<int> ranks = src.mesh().ranks();
-  for (int r : dst.mesh().ranks())
-    if (std::find(ranks.begin(), ranks.end(), r) == ranks.end()) ranks.push_back(r);
-  const int64_t total = (contributions - 2) * src.global_shape().numel() * kept + destination_elements;
-  return std::max(busiest * item, total * item / static_cast<int64_t>(ranks.size()));
+  return receive_bound(src, dst, detail::lacking(src, dst)).busiest;
 }
 
 namespace {
@@ -532,8 +396,7 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   Plan result{src, dst, {}, 0};
   if (src == dst) return result;
 
-  const int world = world_extent(src, dst);
-  const int64_t memory_cap = std::max(max_block_numel(src), max_block_numel(dst));
+  const int64_t memory_cap = std::max(src.max_block_numel(), dst.max_block_numel());
   const Layout exchange_target =
       dst.has_partial() ? dst.with_placements(without_partial(dst.placements())) : dst;
 
@@ -577,10 +440,10 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     node.done = true;
     if (at == dst) break;
     for (const Layout& next : neighbours(at, dst, options)) {
-      if (!(next == dst) && max_block_numel(next) > memory_cap) continue;
-      if (auto step = mesh_dim_step(at, next, world)) relax(at, score, std::move(*step));
+      if (!(next == dst) && next.max_block_numel() > memory_cap) continue;
+      if (auto step = detail::mesh_dim_step(at, next)) relax(at, score, std::move(*step));
     }
-    if (!at.has_partial() && !(at == exchange_target)) relax(at, score, exchange_step(at, exchange_target, world));
+    if (!at.has_partial() && !(at == exchange_target)) relax(at, score, detail::exchange_step(at, exchange_target));
   }
   auto it = reached.find(dst);
   TESSERA_CHECK(it != reached.end(), ShardingError, "redistribute", "no plan found for ", both(),
@@ -604,16 +467,22 @@ std::string explain(const Plan& plan) {
     const PlanStep& s = plan.steps[i];
     out << "  " << i + 1 << ". " << s.to_string() << '\n';
     if (s.kind == StepKind::exchange) {
-      int shown = 0, moving = 0;
-      for (const Transfer& t : s.transfers) {
-        if (t.src_rank == t.dst_rank) continue;
-        ++moving;
-        if (shown < 12) {
+      // The first ranks' pieces: listing every rank's would cost as much as the ranks.
+      int shown = 0;
+      bool more = false;
+      for (int r : s.after.mesh().ranks()) {
+        for (const Transfer& t : exchange_transfers(s.before, s.after, r)) {
+          if (t.src_rank == t.dst_rank || t.dst_rank != r) continue;
+          if (shown == 12) {
+            more = true;
+            break;
+          }
           out << "       " << t.to_string() << '\n';
           ++shown;
         }
+        if (more) break;
       }
-      if (moving > shown) out << "       ... " << moving - shown << " more pieces\n";
+      if (more) out << "       ... more pieces\n";
     }
   }
   int64_t bound = 0;

@@ -38,7 +38,9 @@ enum class StepKind : uint8_t {
 std::string_view name(StepKind kind);
 
 /// One step from `before` to `after`. For a mesh-dim step, only the placements (and shard
-/// order) at `mesh_dims` change. Costs are per world rank (index = world rank). Value type.
+/// order) at `mesh_dims` change. Figures are the busiest rank's and totals over ranks, computed
+/// on one rank per class of ranks with the same block geometry: a step's size and the cost of
+/// computing it do not grow with the rank count (DESIGN.md §3). Value type.
 struct PlanStep {
   StepKind kind = StepKind::exchange;
   /// The mesh dims whose ranks form the step's groups, ascending (group rank = row-major index
@@ -48,17 +50,19 @@ struct PlanStep {
   ReduceOp op = ReduceOp::sum;       ///< reduce_scatter / all_reduce / to_partial
   Layout before;
   Layout after;
-  std::vector<Transfer> transfers;   ///< exchange only
-  std::vector<int64_t> bytes_sent;   ///< per world rank, to other ranks
-  std::vector<int64_t> bytes_received;
+  int64_t max_received = 0;          ///< bytes the busiest rank receives from other ranks
+  int64_t total_received = 0;        ///< bytes all ranks receive from other ranks
   /// Most messages one rank sends in this step: rounds of the collective's algorithm
   /// (ceil(log2 k) for reduce_scatter and all_gather, twice that for all_reduce), or the peers of
-  /// an all_to_all / exchange.
+  /// an all_to_all; for an exchange the source blocks one rank receives pieces of.
   int64_t messages = 0;
   int64_t calls = 0;                 ///< collective calls each rank makes: 1, or 0 if nothing moves
 
-  int64_t max_bytes_sent() const;
-  int64_t max_bytes_received() const;
+  int64_t max_bytes_received() const { return max_received; }
+  /// Bytes `world_rank` receives from / sends to other ranks in this step (0 outside its meshes):
+  /// exactly what running the step moves (an exchange's by exchange_transfers). O(group size).
+  int64_t bytes_received(int world_rank) const;
+  int64_t bytes_sent(int world_rank) const;
   /// "all_gather over tp (mesh dim 1, 2 ranks): (S(0), S(1)) -> (S(0), R); recv <= 96 B/rank, 1 msg".
   std::string to_string() const;
 };
@@ -84,6 +88,8 @@ struct Plan {
   /// Bytes one world rank receives over the whole plan.
   int64_t bytes_received(int world_rank) const;
   int64_t bytes_sent(int world_rank) const;
+  /// Bytes the busiest rank receives over the whole plan (classes of ranks, not every rank, for
+  /// plans on one mesh).
   int64_t max_bytes_received() const;
   int64_t total_bytes_received() const;
   /// Collective calls each rank makes (steps that move data).
@@ -103,9 +109,9 @@ struct Plan {
 Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options = {});
 /// A lower bound on plan(src, dst, options).cost, without searching: the bytes the busiest
 /// destination rank lacks, one call and one message if any must move (log2 of the ranks whose
-/// Partial values must be combined, rounded up), one step if the layouts differ. Cheap
-/// (one block intersection per rank); the op dispatcher prices a strategy with it first and
-/// plans only the strategies it cannot rule out.
+/// Partial values must be combined, rounded up), one step if the layouts differ. Cheap (one
+/// block intersection per class of ranks); the op dispatcher prices a strategy with it first
+/// and plans only the strategies it cannot rule out.
 double plan_cost_lower_bound(const Layout& src, const Layout& dst, const PlanOptions& options = {});
 /// How many times the calling thread has run plan() (dispatch benchmarks show 0 on cache hits).
 uint64_t plan_call_count();

@@ -87,7 +87,7 @@ std::map<int, Contents> simulate(const PlanStep& step, const std::map<int, Conte
   std::map<int, Contents> next;
   const Shape& shape = step.after.global_shape();
   if (step.kind == StepKind::exchange) {
-    for (const Transfer& t : step.transfers)
+    for (const Transfer& t : direct_exchange(step.before, step.after))
       for_each_index(t.block, [&](const DimVector& i) {
         const int64_t e = linear(shape, i);
         const auto& from = of(held, t.src_rank);
@@ -441,7 +441,9 @@ TEST(Plan, UnitMeshDimsCostOnlyTheirTieBreak) {
           EXPECT_LE(unit.cost, flat.cost + 0.5 + 1e-9) << explain(flat) << explain(unit);
           EXPECT_GE(unit.cost, flat.cost - 1e-9) << explain(flat) << explain(unit);
           for (const PlanStep& step : unit.steps) {
-            if (step.mesh_dim == 1) EXPECT_EQ(step.after.placements()[1], to) << explain(unit);
+            if (step.mesh_dim == 1) {
+              EXPECT_EQ(step.after.placements()[1], to) << explain(unit);
+            }
           }
         }
     }
@@ -515,7 +517,9 @@ TEST(Plan, SeveralMeshDimsMoveInOneCallWhereOneSuffices) {
       EXPECT_EQ(p.steps[0].kind, c.kind);
       EXPECT_GE(p.steps[0].mesh_dims.size(), 2u);
       EXPECT_EQ(p.steps[0].mesh_dim, -1);
-      if (!src.has_partial()) EXPECT_EQ(p.max_bytes_received(), plan_lower_bound(src, dst));
+      if (!src.has_partial()) {
+        EXPECT_EQ(p.max_bytes_received(), plan_lower_bound(src, dst));
+      }
     }
   // Replicate -> Shard on both dims is one local step; explain names the group.
   const Layout r(Shape{8, 8}, DType::f32, square, {Replicate{}, Replicate{}});

@@ -1,0 +1,238 @@
+#include <tessera/sharding/detail/rank_classes.hpp>
+
+#include <algorithm>
+#include <numeric>
+
+#include <tessera/core/error.hpp>
+
+namespace tessera::detail {
+
+namespace {
+
+// Where a mesh dim splits a tensor dim in one layout.
+struct Appearance {
+  const Layout* layout;
+  int64_t dim;
+  size_t level;  // index in the dim's shard order
+};
+
+// A mesh dim's coordinates are enumerated as runs (compressed) when, for every tensor dim it
+// splits in some layout, every layout either splits that dim the same way down to it (same
+// mesh dims before it, at the same level, chunk semantics) or splits it no deeper than its
+// parent (its block there then contains the runs' chunks). Else coordinate by coordinate.
+bool compressible(int64_t m, const std::vector<Appearance>& appearances, const std::vector<const Layout*>& layouts) {
+  for (const Appearance& a : appearances) {
+    if (a.layout->has_explicit_sizes(a.dim)) return false;
+    const auto& order = a.layout->shard_order(a.dim);
+    for (const Layout* other : layouts) {
+      const auto& theirs = other->shard_order(a.dim);
+      if (theirs.empty()) continue;
+      if (other->has_explicit_sizes(a.dim)) return false;
+      const bool splits_by_m = std::find(theirs.begin(), theirs.end(), m) != theirs.end();
+      const size_t common = splits_by_m ? a.level + 1 : theirs.size();
+      if (splits_by_m ? theirs.size() < common : theirs.size() > a.level) return false;
+      if (!std::equal(theirs.begin(), theirs.begin() + static_cast<std::ptrdiff_t>(common), order.begin()))
+        return false;
+    }
+  }
+  return true;
+}
+
+// Length of the parent piece of level `level` of tensor dim `dim` at the coordinates chosen so
+// far (the mesh dims before `level` in the order are chosen).
+int64_t parent_length(const Layout& layout, int64_t dim, size_t level, const std::vector<int64_t>& coordinate) {
+  const auto& order = layout.shard_order(dim);
+  const MeshSpec& mesh = layout.mesh();
+  int64_t length = layout.global_shape()[dim];
+  for (size_t t = 0; t < level; ++t) {
+    const int64_t k = mesh.shape()[order[t]];
+    const int64_t c = (length + k - 1) / k;
+    const int64_t lo = std::min(coordinate[static_cast<size_t>(order[t])] * c, length);
+    length = std::min(lo + c, length) - lo;
+  }
+  return length;
+}
+
+struct Plan {
+  std::vector<int64_t> order;                        // mesh dims in enumeration order
+  std::vector<int> mode;                             // per mesh dim: 0 unused, 1 runs, 2 every coordinate
+  std::vector<std::vector<Appearance>> appearances;  // per mesh dim
+};
+
+Plan enumeration_plan(const MeshSpec& mesh, const std::vector<const Layout*>& layouts) {
+  const int64_t nm = mesh.ndim();
+  Plan plan;
+  plan.mode.assign(static_cast<size_t>(nm), 0);
+  plan.appearances.resize(static_cast<size_t>(nm));
+  for (const Layout* layout : layouts)
+    for (int64_t d = 0; d < layout->ndim(); ++d) {
+      const auto& order = layout->shard_order(d);
+      for (size_t t = 0; t < order.size(); ++t) plan.appearances[static_cast<size_t>(order[t])].push_back({layout, d, t});
+    }
+  for (int64_t m = 0; m < nm; ++m) {
+    const auto& seen = plan.appearances[static_cast<size_t>(m)];
+    if (seen.empty() || mesh.shape()[m] == 1) continue;
+    plan.mode[static_cast<size_t>(m)] = compressible(m, seen, layouts) ? 1 : 2;
+  }
+  // Coordinates first for the mesh dims listed one by one and the unused ones; then each mesh dim
+  // in runs once the mesh dims above it in every order it appears in are chosen. A cycle (two
+  // layouts nesting two mesh dims in opposite orders on different tensor dims) falls back to
+  // every coordinate.
+  std::vector<bool> chosen(static_cast<size_t>(nm), false);
+  for (int64_t m = 0; m < nm; ++m)
+    if (plan.mode[static_cast<size_t>(m)] != 1) {
+      plan.order.push_back(m);
+      chosen[static_cast<size_t>(m)] = true;
+    }
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t m = 0; m < nm; ++m) {
+      if (chosen[static_cast<size_t>(m)]) continue;
+      bool ready = true;
+      for (const Appearance& a : plan.appearances[static_cast<size_t>(m)]) {
+        const auto& order = a.layout->shard_order(a.dim);
+        for (size_t t = 0; t < a.level; ++t) ready = ready && chosen[static_cast<size_t>(order[t])];
+      }
+      if (!ready) continue;
+      plan.order.push_back(m);
+      chosen[static_cast<size_t>(m)] = true;
+      progress = true;
+    }
+  }
+  for (int64_t m = 0; m < nm; ++m)
+    if (!chosen[static_cast<size_t>(m)]) {
+      plan.mode[static_cast<size_t>(m)] = 2;
+      plan.order.push_back(m);
+    }
+  return plan;
+}
+
+// Returns false once visit did (stop).
+bool enumerate(const MeshSpec& mesh, const Plan& plan, size_t at, std::vector<int64_t>& coordinate, int64_t count,
+               const std::function<bool(const std::vector<int64_t>&, int64_t)>& visit) {
+  if (at == plan.order.size()) return visit(coordinate, count);
+  const int64_t m = plan.order[at];
+  const auto i = static_cast<size_t>(m);
+  const int64_t k = mesh.shape()[m];
+  if (plan.mode[i] == 0) {
+    coordinate[i] = 0;
+    return enumerate(mesh, plan, at + 1, coordinate, count * k, visit);
+  }
+  if (plan.mode[i] == 2) {
+    for (int64_t v = 0; v < k; ++v) {
+      coordinate[i] = v;
+      if (!enumerate(mesh, plan, at + 1, coordinate, count, visit)) return false;
+    }
+    return true;
+  }
+  // Runs: the chunks of equal length at every place the mesh dim splits a tensor dim.
+  std::vector<int64_t> cuts{0, k};
+  for (const Appearance& a : plan.appearances[i]) {
+    const int64_t length = parent_length(*a.layout, a.dim, a.level, coordinate);
+    const int64_t c = (length + k - 1) / k;
+    const int64_t full = c > 0 ? length / c : 0;
+    cuts.push_back(std::min(full, k));
+    cuts.push_back(std::min(full + (c > 0 && length % c != 0 ? 1 : 0), k));
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  for (size_t r = 0; r + 1 < cuts.size(); ++r) {
+    coordinate[i] = cuts[r];
+    if (!enumerate(mesh, plan, at + 1, coordinate, count * (cuts[r + 1] - cuts[r]), visit)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
+                               const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit) {
+  for (const Layout* layout : layouts)
+    TESSERA_ASSERT(layout->mesh() == mesh, "rank classes of layouts on another mesh: ", layout->to_string(), " vs ",
+                   mesh.to_string());
+  std::vector<int64_t> coordinate(static_cast<size_t>(mesh.ndim()), 0);
+  return enumerate(mesh, enumeration_plan(mesh, layouts), 0, coordinate, 1, visit);
+}
+
+void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
+                         const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit) {
+  for_each_rank_class_until(mesh, layouts, [&](const std::vector<int64_t>& c, int64_t count) {
+    visit(c, count);
+    return true;
+  });
+}
+
+std::pair<int64_t, int64_t> dim_range(const Layout& layout, int64_t dim, const std::vector<int64_t>& coordinate) {
+  const auto& order = layout.shard_order(dim);
+  if (order.empty()) return {0, layout.global_shape()[dim]};
+  return layout.piece_range(dim, piece_of(layout.mesh(), order, coordinate));
+}
+
+std::optional<std::pair<int64_t, int64_t>> group_union(const Layout& layout, int64_t dim,
+                                                       const std::vector<int64_t>& coordinate,
+                                                       const std::vector<int64_t>& group) {
+  const auto& order = layout.shard_order(dim);
+  size_t inner = 0;  // mesh dims of the group splitting `dim`
+  for (int64_t m : order) inner += std::count(group.begin(), group.end(), m);
+  if (inner == 0) return dim_range(layout, dim, coordinate);
+  for (size_t t = order.size() - inner; t < order.size(); ++t)
+    if (std::find(group.begin(), group.end(), order[t]) == group.end()) return std::nullopt;
+  // The innermost digits vary: the pieces [base, base + span) in splitting order, back to back.
+  std::vector<int64_t> at = coordinate;
+  int64_t span = 1;
+  for (size_t t = order.size() - inner; t < order.size(); ++t) {
+    at[static_cast<size_t>(order[t])] = 0;
+    span *= layout.mesh().shape()[order[t]];
+  }
+  const int64_t base = piece_of(layout.mesh(), order, at);
+  return std::pair{layout.piece_range(dim, base).first, layout.piece_range(dim, base + span - 1).second};
+}
+
+void for_each_group_piece(const Layout& layout, int64_t dim, std::vector<int64_t> coordinate,
+                          const std::vector<int64_t>& group,
+                          const std::function<bool(const std::vector<int64_t>& coordinate)>& visit) {
+  std::vector<int64_t> varying;
+  for (int64_t m : layout.shard_order(dim))
+    if (std::find(group.begin(), group.end(), m) != group.end()) varying.push_back(m);
+  int64_t total = 1;
+  for (int64_t m : varying) total *= layout.mesh().shape()[m];
+  for (int64_t f = 0; f < total; ++f) {
+    int64_t rest = f;
+    for (auto it = varying.rbegin(); it != varying.rend(); ++it) {
+      const int64_t k = layout.mesh().shape()[*it];
+      coordinate[static_cast<size_t>(*it)] = rest % k;
+      rest /= k;
+    }
+    if (!visit(coordinate)) return;
+  }
+}
+
+PieceSpan pieces_overlapping(const Layout& layout, int64_t dim, int64_t begin, int64_t end) {
+  const int64_t count = layout.piece_count(dim);
+  if (begin >= end) return {0, 0, 0};
+  // Pieces tile the dim in splitting order, so their ends and starts never decrease.
+  int64_t lo = 0, hi = count;
+  while (lo < hi) {  // the first piece ending after `begin`
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (layout.piece_range(dim, mid).second > begin) hi = mid;
+    else lo = mid + 1;
+  }
+  const int64_t first = lo;
+  hi = count;
+  while (lo < hi) {  // the first piece starting at or after `end`
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (layout.piece_range(dim, mid).first >= end) hi = mid;
+    else lo = mid + 1;
+  }
+  PieceSpan span{first, lo, lo - first};
+  // An even split has no empty pieces; otherwise empty ones may sit between (nested chunks).
+  if (layout.has_explicit_sizes(dim) || layout.global_shape()[dim] % std::max<int64_t>(count, 1) != 0 ||
+      layout.global_shape()[dim] == 0)
+    for (int64_t p = span.first; p < span.last; ++p) {
+      const auto [b, e] = layout.piece_range(dim, p);
+      if (b == e) --span.overlapping;
+    }
+  return span;
+}
+
+}  // namespace tessera::detail
