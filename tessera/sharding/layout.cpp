@@ -228,6 +228,9 @@ std::pair<int64_t, int64_t> Layout::piece_range(int64_t dim, int64_t piece) cons
     const auto& starts = data_->starts[d];
     return {starts[static_cast<size_t>(piece)], starts[static_cast<size_t>(piece) + 1]};
   }
+  // An even split is a grid of one size (the planner's common case, on every rank class).
+  const int64_t size = data_->global_shape[dim], count = data_->counts[d];
+  if (size % count == 0) return {piece * (size / count), (piece + 1) * (size / count)};
   // Nested chunks: the piece's digit at each level (mixed radix, the first split major) picks a
   // chunk of the piece chosen so far.
   const auto& splits = data_->splits[d];

@@ -229,10 +229,12 @@ ReceiveBound receive_bound(const Layout& src, const Layout& dst, const detail::L
 //   its own, unless one exchange (tie 0.5; after the reductions if any) does the rest.
 // It never overestimates, and a step lowers it by at most the step's own score, so A* with it
 // returns what Dijkstra would.
-double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options) {
+// `quick` leaves out what the layouts' blocks lack (which visits classes of ranks): a weaker
+// bound for the search to order layouts it may never expand.
+double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options, bool quick = false) {
   if (at == dst) return 0;
   const bool same_mesh = at.mesh() == dst.mesh();
-  const detail::Lacking lack = detail::lacking(at, dst);
+  const detail::Lacking lack = quick ? detail::Lacking{} : detail::lacking(at, dst);
   const int64_t lacking = lack.most;
   int64_t reduced_ranks = 1;
   bool leaves[3] = {false, false, false};  // a differing mesh dim leaves Shard, Replicate, Partial
@@ -413,11 +415,12 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     double estimate;  // score + remaining_bound: what the search orders by
     double score;
     Layout layout;
+    bool exact;  // the estimate used the full bound, not the quick one
   };
   auto later = [](const Entry& a, const Entry& b) { return a.estimate > b.estimate; };
   std::priority_queue<Entry, std::vector<Entry>, decltype(later)> frontier(later);
   reached.emplace(src, Reached{0, -1});
-  frontier.push({remaining_bound(src, dst, options), 0, src});
+  frontier.push({remaining_bound(src, dst, options), 0, src, true});
 
   auto relax = [&](const Layout& from, double base, PlanStep step) {
     const double score = base + step_score(step, options);
@@ -427,7 +430,8 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     const int via = reached.at(from).edge;
     edges.push_back({via, std::move(step)});
     reached[to] = Reached{score, static_cast<int>(edges.size()) - 1};
-    frontier.push({score + remaining_bound(to, dst, options), score, to});
+    // The full bound waits until the layout comes up: most layouts reached never do.
+    frontier.push({score + remaining_bound(to, dst, options, /*quick=*/true), score, to, false});
   };
 
   while (!frontier.empty()) {
@@ -437,6 +441,13 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     const Layout& at = top.layout;
     auto& node = reached.at(at);
     if (node.done || score > node.score) continue;
+    if (!top.exact && !(at == dst)) {
+      const double estimate = score + remaining_bound(at, dst, options);
+      if (estimate > top.estimate + 1e-9) {
+        frontier.push({estimate, score, at, true});
+        continue;
+      }
+    }
     node.done = true;
     if (at == dst) break;
     for (const Layout& next : neighbours(at, dst, options)) {

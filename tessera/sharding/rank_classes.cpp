@@ -207,9 +207,57 @@ void for_each_group_piece(const Layout& layout, int64_t dim, std::vector<int64_t
   }
 }
 
+namespace {
+
+// Empty leaves under a piece of `length` split by the levels from `level` on of `splits`.
+int64_t empty_leaves(int64_t length, const std::vector<int64_t>& splits, size_t level) {
+  int64_t leaves = 1;
+  for (size_t t = level; t < splits.size(); ++t) leaves *= splits[t];
+  if (length == 0) return leaves;
+  if (level == splits.size()) return 0;
+  const int64_t k = splits[level], c = (length + k - 1) / k, full = length / c, rest = length % c;
+  const int64_t below = leaves / k;  // leaves under one chunk of this level
+  return full * empty_leaves(c, splits, level + 1) + (rest > 0 ? empty_leaves(rest, splits, level + 1) : 0) +
+         (k - full - (rest > 0 ? 1 : 0)) * below;
+}
+
+// Empty pieces of a chunk-split dim among the pieces before `piece` (splitting order): at each
+// level, the empty leaves under the chunks before the piece's own (full chunks, the remainder,
+// then empty chunks, in that order).
+int64_t empty_before(const Layout& layout, int64_t dim, int64_t piece) {
+  std::vector<int64_t> splits;
+  for (int64_t m : layout.shard_order(dim)) splits.push_back(layout.mesh().shape()[m]);
+  int64_t length = layout.global_shape()[dim];
+  if (piece >= layout.piece_count(dim)) return empty_leaves(length, splits, 0);
+  int64_t place = layout.piece_count(dim), empties = 0;
+  for (size_t t = 0; t < splits.size(); ++t) {
+    const int64_t k = splits[t];
+    place /= k;  // leaves under one chunk of this level
+    const int64_t digit = piece / place % k;
+    const int64_t c = (length + k - 1) / k;
+    const int64_t full = c > 0 ? length / c : 0, rest = c > 0 ? length % c : 0;
+    empties += std::min(digit, full) * empty_leaves(c, splits, t + 1);
+    if (digit > full) {
+      const int64_t remainder = rest > 0 ? 1 : 0;
+      if (remainder) empties += empty_leaves(rest, splits, t + 1);
+      empties += (digit - full - remainder) * place;
+    }
+    const int64_t lo = std::min(digit * c, length);
+    length = std::min(lo + c, length) - lo;
+  }
+  return empties;
+}
+
+}  // namespace
+
 PieceSpan pieces_overlapping(const Layout& layout, int64_t dim, int64_t begin, int64_t end) {
-  const int64_t count = layout.piece_count(dim);
+  const int64_t count = layout.piece_count(dim), size = layout.global_shape()[dim];
   if (begin >= end) return {0, 0, 0};
+  // An even split: pieces of one size, in order, none empty.
+  if (!layout.has_explicit_sizes(dim) && size > 0 && size % count == 0) {
+    const int64_t s = size / count, first = begin / s, last = (end + s - 1) / s;
+    return {first, last, last - first};
+  }
   // Pieces tile the dim in splitting order, so their ends and starts never decrease.
   int64_t lo = 0, hi = count;
   while (lo < hi) {  // the first piece ending after `begin`
@@ -225,13 +273,15 @@ PieceSpan pieces_overlapping(const Layout& layout, int64_t dim, int64_t begin, i
     else lo = mid + 1;
   }
   PieceSpan span{first, lo, lo - first};
-  // An even split has no empty pieces; otherwise empty ones may sit between (nested chunks).
-  if (layout.has_explicit_sizes(dim) || layout.global_shape()[dim] % std::max<int64_t>(count, 1) != 0 ||
-      layout.global_shape()[dim] == 0)
+  // Empty pieces may sit between them (nested chunks leave them at the end of each parent).
+  if (layout.has_explicit_sizes(dim)) {
     for (int64_t p = span.first; p < span.last; ++p) {
       const auto [b, e] = layout.piece_range(dim, p);
       if (b == e) --span.overlapping;
     }
+  } else if (span.last > span.first) {
+    span.overlapping -= empty_before(layout, dim, span.last) - empty_before(layout, dim, span.first);
+  }
   return span;
 }
 

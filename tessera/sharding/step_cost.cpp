@@ -135,9 +135,17 @@ void for_each_receiver(const Layout& held, const Layout& want, bool messages, Vi
     return sources_overlapping(held, w) - (h.intersect(w).numel() > 0 ? 1 : 0);
   };
   if (held.mesh() == want.mesh()) {
+    // Per dim, without building blocks: this runs once per class of ranks, and crossing shard
+    // orders make many classes.
     for_each_rank_class(want.mesh(), {&held, &want}, [&](const std::vector<int64_t>& c, int64_t count) {
-      const Block h = held.block(c), w = want.block(c);
-      visit(w.numel() - h.intersect(w).numel(), sources(w, h), count);
+      int64_t wanted = 1, kept = 1, blocks = 1;
+      for (int64_t d = 0; d < want.ndim(); ++d) {
+        const Range w = dim_range(want, d, c);
+        wanted *= length(w);
+        kept *= overlap(dim_range(held, d, c), w);
+        if (messages && blocks > 0) blocks *= length(w) > 0 ? pieces_overlapping(held, d, w.first, w.second).overlapping : 0;
+      }
+      visit(wanted - kept, messages ? blocks - (kept > 0 ? 1 : 0) : 0, count);
     });
     return;
   }
