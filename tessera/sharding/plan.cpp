@@ -234,7 +234,7 @@ ReceiveBound receive_bound(const Layout& src, const Layout& dst, const detail::L
 double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options, bool quick = false) {
   if (at == dst) return 0;
   const bool same_mesh = at.mesh() == dst.mesh();
-  const detail::Lacking lack = quick ? detail::Lacking{} : detail::lacking(at, dst);
+  const detail::Lacking lack = quick ? detail::Lacking{} : detail::lacking(at, dst, /*bound_only=*/true);
   const int64_t lacking = lack.most;
   int64_t reduced_ranks = 1;
   bool leaves[3] = {false, false, false};  // a differing mesh dim leaves Shard, Replicate, Partial
@@ -454,7 +454,22 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
       if (!(next == dst) && next.max_block_numel() > memory_cap) continue;
       if (auto step = detail::mesh_dim_step(at, next)) relax(at, score, std::move(*step));
     }
-    if (!at.has_partial() && !(at == exchange_target)) relax(at, score, detail::exchange_step(at, exchange_target));
+    if (!at.has_partial() && !(at == exchange_target)) {
+      // Price the exchange only if a bound on it, found on some ranks, can beat the best way to
+      // its target known so far: with crossing shard orders its exact figures visit many ranks.
+      const auto known = reached.find(exchange_target);
+      if (known != reached.end()) {
+        const detail::Lacking lack = detail::lacking(at, exchange_target, /*bound_only=*/true);
+        PlanStep bound;
+        bound.kind = StepKind::exchange;
+        bound.max_received = lack.most * itemsize(at.dtype());
+        bound.total_received = lack.total * itemsize(at.dtype());
+        bound.messages = lack.sources;
+        bound.calls = lack.most > 0 ? 1 : 0;
+        if (score + step_score(bound, options) >= known->second.score) continue;
+      }
+      relax(at, score, detail::exchange_step(at, exchange_target));
+    }
   }
   auto it = reached.find(dst);
   TESSERA_CHECK(it != reached.end(), ShardingError, "redistribute", "no plan found for ", both(),

@@ -57,6 +57,7 @@ struct Plan {
   std::vector<int64_t> order;                        // mesh dims in enumeration order
   std::vector<int> mode;                             // per mesh dim: 0 unused, 1 runs, 2 every coordinate
   std::vector<std::vector<Appearance>> appearances;  // per mesh dim
+  bool sample = false;                               // mode 2: a few coordinates only
 };
 
 Plan enumeration_plan(const MeshSpec& mesh, const std::vector<const Layout*>& layouts) {
@@ -119,6 +120,13 @@ bool enumerate(const MeshSpec& mesh, const Plan& plan, size_t at, std::vector<in
     return enumerate(mesh, plan, at + 1, coordinate, count * k, visit);
   }
   if (plan.mode[i] == 2) {
+    if (plan.sample && k > 4) {  // both ends and the middle, each one rank's coordinate
+      for (int64_t v : {int64_t{0}, int64_t{1}, k / 2, k - 1}) {
+        coordinate[i] = v;
+        if (!enumerate(mesh, plan, at + 1, coordinate, count, visit)) return false;
+      }
+      return true;
+    }
     for (int64_t v = 0; v < k; ++v) {
       coordinate[i] = v;
       if (!enumerate(mesh, plan, at + 1, coordinate, count, visit)) return false;
@@ -146,12 +154,21 @@ bool enumerate(const MeshSpec& mesh, const Plan& plan, size_t at, std::vector<in
 }  // namespace
 
 bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
-                               const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit) {
+                               const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit,
+                               bool sample) {
   for (const Layout* layout : layouts)
     TESSERA_ASSERT(layout->mesh() == mesh, "rank classes of layouts on another mesh: ", layout->to_string(), " vs ",
                    mesh.to_string());
   std::vector<int64_t> coordinate(static_cast<size_t>(mesh.ndim()), 0);
-  return enumerate(mesh, enumeration_plan(mesh, layouts), 0, coordinate, 1, visit);
+  Plan plan = enumeration_plan(mesh, layouts);
+  // Sample only where listing every coordinate would cost much: up to a few thousand classes
+  // the bounds stay exact, which keeps a search ordered as tightly as exact figures would.
+  constexpr int64_t kExactClasses = 4096;
+  int64_t listed = 1;
+  for (int64_t m = 0; m < mesh.ndim(); ++m)
+    if (plan.mode[static_cast<size_t>(m)] == 2) listed = std::min(listed * mesh.shape()[m], kExactClasses + 1);
+  plan.sample = sample && listed > kExactClasses;
+  return enumerate(mesh, plan, 0, coordinate, 1, visit);
 }
 
 void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,

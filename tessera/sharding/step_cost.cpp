@@ -129,7 +129,7 @@ int64_t group_size(const MeshSpec& mesh, const std::vector<int64_t>& dims) {
 // source blocks), calling visit(lacking elements, sources, ranks alike). On one mesh by classes of
 // ranks; between meshes sharing no rank by classes of the destination's; else rank by rank.
 template <class Visit>
-void for_each_receiver(const Layout& held, const Layout& want, bool messages, Visit&& visit) {
+void for_each_receiver(const Layout& held, const Layout& want, bool messages, Visit&& visit, bool sample = false) {
   const auto sources = [&](const Block& w, const Block& h) {
     if (!messages) return int64_t{0};
     return sources_overlapping(held, w) - (h.intersect(w).numel() > 0 ? 1 : 0);
@@ -137,7 +137,7 @@ void for_each_receiver(const Layout& held, const Layout& want, bool messages, Vi
   if (held.mesh() == want.mesh()) {
     // Per dim, without building blocks: this runs once per class of ranks, and crossing shard
     // orders make many classes.
-    for_each_rank_class(want.mesh(), {&held, &want}, [&](const std::vector<int64_t>& c, int64_t count) {
+    for_each_rank_class_until(want.mesh(), {&held, &want}, [&](const std::vector<int64_t>& c, int64_t count) {
       int64_t wanted = 1, kept = 1, blocks = 1;
       for (int64_t d = 0; d < want.ndim(); ++d) {
         const Range w = dim_range(want, d, c);
@@ -146,7 +146,8 @@ void for_each_receiver(const Layout& held, const Layout& want, bool messages, Vi
         if (messages && blocks > 0) blocks *= length(w) > 0 ? pieces_overlapping(held, d, w.first, w.second).overlapping : 0;
       }
       visit(wanted - kept, messages ? blocks - (kept > 0 ? 1 : 0) : 0, count);
-    });
+      return true;
+    }, sample);
     return;
   }
   bool shared = false;
@@ -262,13 +263,13 @@ PlanStep exchange_step(const Layout& before, const Layout& after) {
   return step;
 }
 
-Lacking lacking(const Layout& at, const Layout& dst) {
+Lacking lacking(const Layout& at, const Layout& dst, bool bound_only) {
   Lacking out;
   for_each_receiver(at, dst, true, [&](int64_t lacking, int64_t sources, int64_t count) {
     out.most = std::max(out.most, lacking);
     out.total += lacking * count;
     out.sources = std::max(out.sources, sources);
-  });
+  }, bound_only);
   return out;
 }
 

@@ -29,9 +29,13 @@ namespace detail {
 void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
                          const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit);
 /// for_each_rank_class that stops at the first class for which visit returns false; returns
-/// false then, true when every class was visited.
+/// false then, true when every class was visited. With `sample`, where the mesh dims listed
+/// coordinate by coordinate would make more than 4096 classes, they give four of their
+/// coordinates only (each with count 1): some ranks, not all, so what is found bounds a maximum
+/// (and a sum) from below at a cost independent of those dims' sizes.
 bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
-                               const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit);
+                               const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit,
+                               bool sample = false);
 
 /// [begin, end) of tensor dim `dim` held at `coordinate` in `layout` ([0, size) when unsharded).
 std::pair<int64_t, int64_t> dim_range(const Layout& layout, int64_t dim, const std::vector<int64_t>& coordinate);

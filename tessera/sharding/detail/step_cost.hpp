@@ -36,7 +36,9 @@ struct Lacking {
   int64_t total = 0;
   int64_t sources = 0;
 };
-Lacking lacking(const Layout& at, const Layout& dst);
+/// With `bound_only`, lower bounds found on some ranks of each class that crossing shard orders
+/// would otherwise list one by one (rank_classes' sample): what a search bound needs, cheaply.
+Lacking lacking(const Layout& at, const Layout& dst, bool bound_only = false);
 
 /// Bytes the rank at `coordinate` of the step's mesh receives from other ranks in `step` (a
 /// step on one mesh: every kind but an exchange between two meshes).
