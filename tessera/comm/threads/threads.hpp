@@ -1,7 +1,8 @@
 #pragma once
 // The in-process backend: ranks are threads of one process sharing memory. A collective is a
 // rendezvous: every rank posts its buffers, then each reads its peers' buffers directly (one
-// copy per byte that must move). Waits spin briefly, then block, so ranks may outnumber cores.
+// copy per byte that must move). Waits spin briefly (not where the ranks outnumber the cores),
+// then block, so ranks may outnumber cores.
 #include <memory>
 #include <string>
 #include <vector>
