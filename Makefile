@@ -19,7 +19,9 @@
 #   make bench-multihost             Release build, tessera_comm_bench on 2 hosts x 2 ranks over TCP
 #   make bench-peers                 Release build, then the training step of tessera_train_bench next to
 #                                    the same model in PyTorch (eager, DTensor, FSDP2) and JAX (jit), installed
-#                                    from PyPI into build/peers-venv for this target only (bench/peers)
+#                                    from PyPI into build/peers-venv for this target only (bench/peers), op
+#                                    dispatch against DTensor's, and tessera_plan_scale_bench's plans against
+#                                    DTensor's planner on the same pairs (bench/peers/plan_pairs.json)
 #   make sanitize                    ASan+UBSan build in build-sanitize, run every test
 #   make sanitize TESSERA_SANITIZE=thread   TSan build in build-tsan, run every test
 #   make install PREFIX=/opt/tessera install headers, library and the CMake package
@@ -145,13 +147,14 @@ PEERS_VENV ?= build/peers-venv
 PEERS_ROUNDS ?= 3
 bench-peers: deps
 	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))
-	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_train_bench tessera_dispatch_bench
+	cmake --build $(BENCH_DIR) -j $(JOBS) --target tessera_train_bench tessera_dispatch_bench tessera_plan_scale_bench
 	@python3 -c 'import ensurepip, venv' 2>/dev/null || scripts/install-deps.sh --peers
 	@test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
 	@$(PEERS_VENV)/bin/python -c 'import torch, jax' 2>/dev/null || \
 	  $(PEERS_VENV)/bin/pip install -q -r bench/peers/requirements.txt
 	$(PEERS_VENV)/bin/python bench/peers/run_peers.py --tessera $(BENCH_DIR)/bench/tessera_train_bench \
-	  --python $(PEERS_VENV)/bin/python --rounds $(PEERS_ROUNDS) --dispatch $(BENCH_DIR)/bench/tessera_dispatch_bench
+	  --python $(PEERS_VENV)/bin/python --rounds $(PEERS_ROUNDS) --dispatch $(BENCH_DIR)/bench/tessera_dispatch_bench \
+	  --plan-scale $(BENCH_DIR)/bench/tessera_plan_scale_bench
 
 bench-multihost: deps
 	$(call configure,$(BENCH_DIR),Release,$(CMAKE_ARGS))

@@ -9,6 +9,11 @@ slow moment from landing on one system only. Nothing is asserted.
 With --dispatch PATH (the tessera_dispatch_bench binary) it then also compares DTensor op-dispatch
 overhead: Tessera's dispatch bench and torch_dispatch.py, once each per round, interleaved, and
 prints a second table of each op's overhead over its local op (medians over the rounds).
+
+With --plan-scale PATH (the tessera_plan_scale_bench binary) it also compares the redistribute
+planners at scale: Tessera's plan() and torch_planner.py (DTensor's planner on a fake process group
+of as many ranks) on the pairs and meshes of plan_pairs.json, once each, and prints a table of
+both times per pair with the ratio PyTorch / Tessera (>= 1: Tessera's plan is no slower).
 """
 import argparse
 import json
@@ -58,9 +63,9 @@ def run(cmd, threads=1):
 DISPATCH_OPS = ["add", "matmul", "softmax", "reshape"]
 
 
-def run_json(cmd, json_path=None):
-    """Runs one dispatch measurement; returns its JSON object (read from json_path, or the last
-    line of stdout that is a JSON object), or None (with the reason on stderr)."""
+def run_json(cmd, json_path=None, key="rows"):
+    """Runs one dispatch (or planner) measurement; returns its JSON object (read from json_path, or
+    the last line of stdout that is a JSON object), or None (with the reason on stderr)."""
     done = subprocess.run(cmd, env=one_thread_env(), capture_output=True, text=True, timeout=1800)
     result = None
     try:
@@ -72,7 +77,7 @@ def run_json(cmd, json_path=None):
             result = json.loads(lines[-1]) if lines else None
     except (OSError, ValueError):
         result = None
-    if done.returncode != 0 or result is None or "rows" not in result:
+    if done.returncode != 0 or result is None or key not in result:
         sys.stderr.write(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}\n")
         return None
     return result
@@ -129,16 +134,89 @@ def dispatch_table(args):
           f"\n leaves out time descheduled; a loaded machine inflates PyTorch's long loops more than short ones.)")
 
 
+def plan_scale_table(args):
+    """tessera_plan_scale_bench (plans only) and torch_planner.py on the same pairs, one run each."""
+    common = ["--max-ranks", str(args.plan_max_ranks), "--cap-s", str(args.plan_cap_s)]
+    with tempfile.TemporaryDirectory() as tmp:
+        json_path = os.path.join(tmp, "plan_scale.json")
+        tessera = run_json([args.plan_scale, "--no-dispatch", "--json", json_path] + common, json_path, key="plans")
+    torch_result = run_json([args.python, os.path.join(HERE, "torch_planner.py")] + common)
+    if tessera is None or torch_result is None:
+        print("\nplanner at scale: a run failed (see stderr)")
+        return
+
+    def key(row):
+        return (tuple(row["mesh"]), row["tensor"], row["src"].replace(" ", ""), row["dst"].replace(" ", ""))
+
+    torch_rows = {key(row): row for row in torch_result["rows"]}
+    cap_ms = tessera["cap_s"] * 1e3
+    print(f"\nRedistribute planner at scale, one thread, no ranks: Tessera plan() against PyTorch "
+          f"{torch_result.get('torch', '?')} DTensor's planner (_gen_transform_infos + _optimize_transform_infos,"
+          f"\n{torch_result.get('planner', 'default')} planner, fake process group of as many ranks). ms: first plan;"
+          f" median: of the repeats. PyTorch's first plan\nbuilds its per-mesh planner object, its repeats reuse it."
+          f" ratio: PyTorch / Tessera medians (>= 1: Tessera no slower).\n")
+    header = (f"{'mesh':12s} {'tensor':7s} {'pair':52s} {'Tessera ms':>11s} {'median':>9s} {'PyTorch ms':>11s}"
+              f" {'median':>9s} {'ratio':>8s} {'steps T/P':>10s} {'recv/bound':>10s}")
+    print(header)
+    print("-" * len(header))
+    compared = no_slower = 0
+    for row in tessera["plans"]:
+        peer = torch_rows.get(key(row), {})
+        pair = f"{row['src']} -> {row['dst']}"
+        t_ok, p_ok = row.get("status") in ("ok", "partial"), peer.get("status") == "ok"
+        p_first = f"{peer['first_ms']:11.3f}" if p_ok else f"{peer.get('status', 'missing'):>11s}"
+        p_median = f"{peer['median_ms']:9.3f}" if p_ok else f"{'':9s}"
+        if t_ok:
+            t_first, t_median = f"{row['first_ms']:11.3f}", f"{row.get('median_ms', row['first_ms']):9.3f}"
+        else:
+            t_first = f"> {cap_ms:.0f}".rjust(11) if row.get("status") == "stopped" else f"{row.get('status'):>11s}"
+            t_median = f"{'':9s}"
+        ratio = ""
+        if p_ok and t_ok:
+            value = peer["median_ms"] / row.get("median_ms", row["first_ms"])
+            ratio = f"{value:.2f}x" if value >= 0.01 else f"{value:.0e}x"
+            compared += 1
+            no_slower += value >= 1
+        elif p_ok and row.get("status") == "stopped":
+            ratio = f"<{peer['median_ms'] / cap_ms:.0e}x"
+        steps = f"{row.get('steps', '-')}/{peer.get('collectives', '-')}"
+        recv = f"{row['ratio']:.2f}" if "ratio" in row else "n/a"
+        print(f"{'x'.join(map(str, row['mesh'])):12s} {row['tensor']:7s} {pair:52s} {t_first} {t_median} {p_first}"
+              f" {p_median} {ratio:>8s} {steps:>10s} {recv:>10s}")
+    unplanned = sum(1 for row in tessera["plans"] if row.get("status") not in ("ok", "partial"))
+    print(f"\nTessera no slower than PyTorch (median) on {no_slower} of {compared} pairs both planned; {unplanned} of"
+          f" {len(tessera['plans'])} Tessera cases stopped at the {tessera['cap_s']:g} s cap, skipped after one, or"
+          f" failed.\n(steps T/P: Tessera's plan steps / PyTorch's collectives after merging; recv/bound: Tessera's"
+          f" busiest rank's bytes over the lower bound.)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--tessera", required=True, help="the tessera_train_bench binary")
+    parser.add_argument("--tessera", help="the tessera_train_bench binary (the training table; needed unless only "
+                        "--plan-scale is given)")
     parser.add_argument("--python", required=True, help="the venv's python with torch and jax")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--setups", default=",".join(SETUPS))
     parser.add_argument("--dispatch", help="the tessera_dispatch_bench binary: also compare DTensor op-dispatch "
                         "overhead with torch_dispatch.py (a second table)")
+    parser.add_argument("--plan-scale", help="the tessera_plan_scale_bench binary: also compare the redistribute "
+                        "planners at scale with torch_planner.py (a third table)")
+    parser.add_argument("--plan-max-ranks", type=int, default=16384, help="largest mesh of the planner table")
+    parser.add_argument("--plan-cap-s", type=float, default=2.0,
+                        help="a first plan slower than this skips the pair's larger meshes (both sides)")
     args = parser.parse_args()
+    if not args.tessera and not args.plan_scale:
+        parser.error("give --tessera (the training table), --plan-scale, or both")
+    if args.tessera:
+        training_table(args)
+    if args.dispatch:
+        dispatch_table(args)
+    if args.plan_scale:
+        plan_scale_table(args)
+
+
+def training_table(args):
     setups = args.setups.split(",")
     systems = {
         "Tessera": lambda s: [args.tessera, "--setup", s, "--steps", str(args.steps)],
@@ -197,8 +275,6 @@ def main():
     for s in setups:
         value = statistics.median(per_rank[s]) if per_rank[s] else float("nan")
         print(f"{LABELS.get(s, s):24s} {value:9.1f}")
-    if args.dispatch:
-        dispatch_table(args)
 
 
 if __name__ == "__main__":
