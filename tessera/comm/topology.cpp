@@ -1,6 +1,7 @@
 #include <tessera/comm/topology.hpp>
 
 #include <cstdlib>
+#include <functional>
 #include <sstream>
 
 #include <tessera/core/error.hpp>
@@ -19,6 +20,8 @@ HostTopology::HostTopology(std::vector<int> host_of, std::vector<std::string> na
   }
   TESSERA_CHECK(next == num_hosts(), ValueError, "HostTopology", num_hosts(), " host names for ", next,
                 " hosts that hold ranks");
+  hash_ = std::hash<size_t>{}(host_of_.size());
+  for (int h : host_of_) hash_ = hash_ * 1000003 + static_cast<size_t>(h);
 }
 
 HostTopology HostTopology::simulated(int world_size, int hosts) {

@@ -37,11 +37,14 @@ class HostTopology {
   bool is_simulated() const { return simulated_; }
   /// "2 hosts: host0 [0, 1], host1 [2, 3] (simulated)".
   std::string to_string() const;
+  /// A hash of which rank is on which host, computed once (caches of plans priced by host key on it).
+  size_t hash() const { return hash_; }
 
  private:
   std::vector<int> host_of_;
   std::vector<std::string> names_;
   bool simulated_ = false;
+  size_t hash_ = 0;
 };
 
 }  // namespace tessera

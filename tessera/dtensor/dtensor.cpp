@@ -99,15 +99,32 @@ struct PlanKey {
   Layout src, dst;
   CostModel cost;
   bool allow_partial;
+  size_t hosts;
   friend bool operator==(const PlanKey&, const PlanKey&) = default;
 };
 struct PlanKeyHash {
   size_t operator()(const PlanKey& k) const noexcept {
     return std::hash<Layout>{}(k.src) * 31 + std::hash<Layout>{}(k.dst) * 7 + std::hash<double>{}(k.cost.call_us) +
            std::hash<double>{}(k.cost.message_us) * 3 + std::hash<double>{}(k.cost.bytes_per_us) * 5 +
-           k.allow_partial;
+           k.allow_partial + k.hosts * 11;
   }
 };
+
+// Per mesh dim of `mesh`: whether some line along it holds ranks of two hosts. O(ranks), once
+// per mesh and options.
+std::vector<bool> dims_spanning_hosts(const MeshSpec& mesh, const HostTopology& hosts) {
+  std::vector<bool> spans(static_cast<size_t>(mesh.ndim()), false);
+  for (int r : mesh.ranks()) {
+    std::vector<int64_t> base = mesh.coordinate_of(r);
+    for (int64_t m = 0; m < mesh.ndim(); ++m) {
+      if (spans[static_cast<size_t>(m)] || base[static_cast<size_t>(m)] == 0) continue;
+      std::vector<int64_t> first = base;
+      first[static_cast<size_t>(m)] = 0;
+      if (hosts.host_of(r) != hosts.host_of(mesh.rank_at(first))) spans[static_cast<size_t>(m)] = true;
+    }
+  }
+  return spans;
+}
 
 struct PlanCache {
   std::mutex mutex;
@@ -131,12 +148,24 @@ PlanOptions plan_options(bool allow_partial_destination) {
   PlanOptions options;
   if (in_rank()) options.cost = CostModel::for_backend(world().backend());
   options.allow_partial_destination = allow_partial_destination;
+  if (in_rank() && host_topology().num_hosts() > 1) {
+    // Steps over mesh dims that span hosts are priced at the network between them.
+    const HostTopology& hosts = host_topology();
+    auto known = std::make_shared<std::vector<std::pair<MeshSpec, std::vector<bool>>>>();
+    options.spans_hosts = [known, &hosts](const MeshSpec& mesh, int64_t mesh_dim) {
+      for (const auto& [m, spans] : *known)
+        if (m == mesh) return static_cast<bool>(spans[static_cast<size_t>(mesh_dim)]);
+      known->emplace_back(mesh, dims_spanning_hosts(mesh, hosts));
+      return static_cast<bool>(known->back().second[static_cast<size_t>(mesh_dim)]);
+    };
+    options.hosts_id = hosts.hash();
+  }
   return options;
 }
 
 std::shared_ptr<const Plan> cached_plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   auto& [mutex, cache] = plan_cache();
-  PlanKey key{src, dst, options.cost, options.allow_partial_destination};
+  PlanKey key{src, dst, options.cost, options.allow_partial_destination, options.hosts_id};
   {
     std::lock_guard lock(mutex);
     if (auto it = cache.find(key); it != cache.end()) return it->second;

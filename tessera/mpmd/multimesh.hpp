@@ -22,7 +22,10 @@ class MultiMesh {
   /// Throws ShardingError as DeviceMesh(shape, names) (the shape must cover the world).
   MultiMesh(std::vector<int64_t> shape, std::vector<std::string> names);
   /// The submesh at fixed coordinates of some axes: a mesh of the remaining axes over the ranks
-  /// there. No communication. Throws ShardingError for an unknown axis or index out of range.
+  /// there. No communication, except the first time a set of two or more remaining axes (not
+  /// all) is kept: then, as DeviceMesh::slice, collective over the global mesh's ranks (every
+  /// rank slices, each at its own coordinates). Throws ShardingError for an unknown axis or index
+  /// out of range.
   DeviceMesh slice(const std::map<std::string, int64_t>& at) const;
   /// slice({axis: i}) for every i: the submeshes along one axis (e.g. the pipeline's stages).
   std::vector<DeviceMesh> split(std::string_view axis) const;

@@ -33,6 +33,12 @@ struct CostModel {
   static CostModel threads();
   /// Bytes alone: no latency terms (the planner's byte-optimality tests use it).
   static CostModel bytes_only() { return CostModel{0, 0, 1}; }
+  /// Between hosts (TCP between machines, Tessera's MPI point-to-point algorithms): what a step
+  /// whose groups span hosts costs, whatever the backend within hosts (ranks simulated as hosts
+  /// plan as a cluster's would).
+  static CostModel across_hosts();
+  /// The cheaper of two models in every term: a bound that holds for steps priced with either.
+  static CostModel cheaper(const CostModel& a, const CostModel& b);
 
   /// "call 4.1 us + 0.3 us/msg + 1.9 GB/s".
   std::string to_string() const;

@@ -39,12 +39,36 @@ std::string bytes_text(int64_t bytes) {
 // Time of a step (CostModel) in bytes: the busiest receiver plus the call and message latency;
 // the lower bound is on receives, so that is what the model counts (sends are balanced by
 // direct_exchange). A tiny share of the total breaks ties toward plans that move less overall.
+// True when the step's groups span hosts (options.spans_hosts): a group over several mesh dims
+// does when one of its dims does (each dim's lines stay within a host otherwise, and so does any
+// walk along them); an exchange when either mesh has such a dim.
+bool spans_hosts(const PlanStep& step, const PlanOptions& options) {
+  if (!options.spans_hosts) return false;
+  const auto any = [&](const MeshSpec& mesh, const std::vector<int64_t>& dims) {
+    for (int64_t m : dims)
+      if (options.spans_hosts(mesh, m)) return true;
+    return false;
+  };
+  if (step.kind != StepKind::exchange) return any(step.before.mesh(), step.mesh_dims);
+  for (const MeshSpec* mesh : {&step.before.mesh(), &step.after.mesh()}) {
+    std::vector<int64_t> all(static_cast<size_t>(mesh->ndim()));
+    for (int64_t m = 0; m < mesh->ndim(); ++m) all[static_cast<size_t>(m)] = m;
+    if (any(*mesh, all)) return true;
+  }
+  return false;
+}
+
+// The score of a step: its time under the model of where it runs (within a host, or across),
+// in bytes at the within-host bandwidth. Ties go to fewer steps, and to a collective over an
+// exchange of the same cost.
 double step_score(const PlanStep& step, const PlanOptions& options) {
-  // Ties go to fewer steps, and to a collective over an exchange of the same cost.
+  const CostModel& model = spans_hosts(step, options) ? options.across_hosts : options.cost;
+  const double scale = options.cost.bytes_per_us / model.bytes_per_us;  // bytes there, in bytes here
   const double tie = step.kind == StepKind::exchange ? 0.5 : 0.25;
-  return static_cast<double>(step.max_received) + 1e-3 * static_cast<double>(step.total_received) +
-         options.cost.message_bytes() * static_cast<double>(step.messages) +
-         options.cost.call_bytes() * static_cast<double>(step.calls) + tie;
+  return scale * (static_cast<double>(step.max_received) + 1e-3 * static_cast<double>(step.total_received)) +
+         options.cost.bytes_per_us * (model.message_us * static_cast<double>(step.messages) +
+                                      model.call_us * static_cast<double>(step.calls)) +
+         tie;
 }
 
 // `at` with the placements at `changes`' mesh dims replaced, the shard order kept for the other
@@ -258,8 +282,13 @@ double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& o
   const int64_t calls = (lacking > 0 ? 1 : 0) + (reduce_messages > 0 ? 1 : 0);
   // The score's tie-break share of all ranks' receives: each rank receives what it lacks.
   const double total = 1e-3 * static_cast<double>(receives.total);
-  return bytes + total + options.cost.message_bytes() * static_cast<double>(messages) +
-         options.cost.call_bytes() * static_cast<double>(calls) + steps;
+  // Steps across hosts cost more where the network is slower: the cheaper model bounds both.
+  const CostModel cheapest = options.spans_hosts ? CostModel::cheaper(options.cost, options.across_hosts) : options.cost;
+  const double scale = options.cost.bytes_per_us / cheapest.bytes_per_us;
+  return scale * (bytes + total) +
+         options.cost.bytes_per_us * (cheapest.message_us * static_cast<double>(messages) +
+                                      cheapest.call_us * static_cast<double>(calls)) +
+         steps;
 }
 
 Placements without_partial(const Placements& placements) {
@@ -281,8 +310,8 @@ std::string PlanStep::to_string() const {
     std::string names, dims;
     int64_t ranks = 1;
     for (int64_t m : mesh_dims) {
-      names += (names.empty() ? "" : "+") + before.mesh().names()[static_cast<size_t>(m)];
-      dims += (dims.empty() ? "" : ", ") + std::to_string(m);
+      names.append(names.empty() ? "" : "+").append(before.mesh().names()[static_cast<size_t>(m)]);
+      dims.append(dims.empty() ? "" : ", ").append(std::to_string(m));
       ranks *= before.mesh().shape()[m];
     }
     out << " over " << names << (mesh_dims.size() == 1 ? " (mesh dim " : " (mesh dims ") << dims

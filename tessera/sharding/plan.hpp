@@ -8,6 +8,7 @@
 // from any non-Partial layout of the search to the destination. Cost of a step: its estimated
 // time under a per-backend CostModel (call latency + message latency + the busiest rank's bytes).
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -70,11 +71,19 @@ struct PlanStep {
 /// Knobs of the planner.
 struct PlanOptions {
   /// The step-time model: the dtensor layer passes its backend's (CostModel::for_backend);
-  /// CostModel::bytes_only() plans for bytes alone.
+  /// CostModel::bytes_only() plans for bytes alone. Within a host when `spans_hosts` is set.
   CostModel cost = CostModel::threads();
   /// Allow a Partial destination (Replicate -> Partial is a local step). Internal: sharded
   /// operators need it; a user's redistribute to Partial is an error.
   bool allow_partial_destination = false;
+  /// Hosts: whether mesh dim `mesh_dim` of `mesh` has lines whose ranks sit on different hosts
+  /// (the dtensor layer answers from the HostTopology, once per mesh). A step over such dims, and
+  /// an exchange over a mesh that spans hosts, is priced with `across_hosts`, so plans keep bytes
+  /// inside hosts where they can. Unset: every step within one host.
+  std::function<bool(const MeshSpec& mesh, int64_t mesh_dim)> spans_hosts = {};
+  /// Names the host topology spans_hosts answers for (plan caches key on it); 0 with none.
+  size_t hosts_id = 0;
+  CostModel across_hosts = CostModel::across_hosts();
 };
 
 /// Steps turning `src` into `dst`, with their cost. Empty when the layouts are equal. Value type.

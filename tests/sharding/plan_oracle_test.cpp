@@ -6,6 +6,7 @@
 // less named.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <iostream>
 #include <optional>
 #include <set>
@@ -61,6 +62,13 @@ std::vector<std::pair<MeshSpec, std::vector<Placement>>> meshes() {
 }
 
 std::vector<Shape> shapes() { return {Shape{8, 6}, Shape{7, 5}, Shape{3, 1}}; }
+
+// Under the sanitizers (TESSERA_TEST_SAMPLE set by make sanitize) one pair in seven: the same
+// code runs on every pair, and the Release run covers them all.
+bool sampled_out(int64_t pair) {
+  static const bool sampling = std::getenv("TESSERA_TEST_SAMPLE") != nullptr;
+  return sampling && pair % 7 != 0;
+}
 
 std::vector<int64_t> vec(const DimVector& v) { return std::vector<int64_t>(v.begin(), v.end()); }
 
@@ -140,10 +148,10 @@ TEST(PlanOracle, StepFiguresEqualThePerRankOracle) {
       const auto layouts = sweep(mesh, shape, choices);
       for (const Layout& before : layouts)
         for (const Layout& after : layouts) {
+          if (sampled_out(pairs++)) continue;
           expect_step_figures_equal(before, after);
           if (!before.has_partial() && !after.has_partial()) expect_exchange_figures_equal(before, after);
           EXPECT_EQ(plan_lower_bound(before, after), oracle::plan_lower_bound(before, after));
-          ++pairs;
           if (::testing::Test::HasFatalFailure()) return;
         }
     }
@@ -169,7 +177,7 @@ TEST(PlanOracle, ExchangesBetweenMeshesEqualThePerRankOracle) {
 }
 
 TEST(PlanOracle, PlansCostNoMoreThanTheOldPlannersAndMostAreTheSame) {
-  int64_t same = 0, cheaper = 0, total = 0;
+  int64_t same = 0, cheaper = 0, total = 0, pair = 0;
   for (const PlanOptions& options : {PlanOptions{.cost = CostModel::bytes_only()}, PlanOptions{}}) {
     for (const auto& [mesh, choices] : meshes()) {
       if (mesh.ndim() > 3) continue;  // the step figures cover the 4-d mesh; its plans take long
@@ -177,7 +185,7 @@ TEST(PlanOracle, PlansCostNoMoreThanTheOldPlannersAndMostAreTheSame) {
         const auto layouts = sweep(mesh, shape, choices);
         for (const Layout& src : layouts)
           for (const Layout& dst : layouts) {
-            if (dst.has_partial()) continue;
+            if (dst.has_partial() || sampled_out(pair++)) continue;
             SCOPED_TRACE(src.to_string() + " -> " + dst.to_string());
             const Plan fresh = plan(src, dst, options);
             ++total;
