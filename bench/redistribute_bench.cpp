@@ -194,7 +194,7 @@ void bench(const Options& options, const char* argv0) {
     const double t_ours = bench_util::median(ours), t_raw = bench_util::median(theirs);
     const int64_t bytes = plan.max_bytes_received(), bound = plan_lower_bound(src, dst);
     std::string steps;
-    for (const PlanStep& s : plan.steps) steps += (steps.empty() ? "" : " + ") + std::string(name(s.kind));
+    for (const PlanStep& s : plan.steps) steps.append(steps.empty() ? "" : " + ").append(std::string(name(s.kind)));
     const double byte_ratio = bound > 0 ? static_cast<double>(bytes) / static_cast<double>(bound) : 1.0;
     const bool silent = raw.calls.empty();  // no communication: nothing to compare with
     const double time_ratio = silent ? 0.0 : t_ours / t_raw;

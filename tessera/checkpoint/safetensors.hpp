@@ -23,7 +23,7 @@ struct SafetensorsOptions {
   /// filled in key order; a tensor larger than it gets a file of its own.
   int64_t max_file_bytes = 0;
   /// The header's "__metadata__" (string to string), in every file; omitted when empty.
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata = {};
 };
 
 /// Writes `tensors` into the directory `dir` (created if absent) as safetensors, whole and

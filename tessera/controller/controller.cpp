@@ -142,7 +142,7 @@ namespace {
 std::string describe(const WorkerMesh& mesh) {
   std::string text = mesh.spec().to_string();
   text = text.substr(0, text.find(" ranks")) + " on workers [";
-  for (size_t i = 0; i < mesh.spec().ranks().size(); ++i) text += (i ? ", " : "") + std::to_string(mesh.spec().ranks()[i]);
+  for (size_t i = 0; i < mesh.spec().ranks().size(); ++i) text.append(i ? ", " : "").append(std::to_string(mesh.spec().ranks()[i]));
   return text + "]";
 }
 

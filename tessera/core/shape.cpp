@@ -186,7 +186,7 @@ namespace {
 
 std::string shapes_text(const std::vector<Shape>& shapes) {
   std::string text;
-  for (const Shape& s : shapes) text += (text.empty() ? "" : ", ") + s.to_string();
+  for (const Shape& s : shapes) text.append(text.empty() ? "" : ", ").append(s.to_string());
   return text;
 }
 

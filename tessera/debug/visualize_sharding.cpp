@@ -33,7 +33,7 @@ std::vector<std::string> rank_lines(const std::vector<int>& ranks) {
 
 std::string join(const std::vector<int>& ranks) {
   std::string out;
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  for (size_t i = 0; i < ranks.size(); ++i) out.append(i ? ", " : "").append(std::to_string(ranks[i]));
   return out;
 }
 

@@ -55,7 +55,7 @@ bool matches(const Entry& e, int op, std::span<const DTensor* const> inputs, con
 
 std::string describe(std::span<const DTensor* const> inputs) {
   std::string text;
-  for (const DTensor* t : inputs) text += (text.empty() ? "" : ", ") + t->layout().to_string();
+  for (const DTensor* t : inputs) text.append(text.empty() ? "" : ", ").append(t->layout().to_string());
   return text;
 }
 

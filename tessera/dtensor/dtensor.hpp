@@ -30,9 +30,9 @@ struct FromLocalOptions {
   /// broadcast replicated data from the first rank of each Replicate mesh dim. Communicates.
   bool run_check = false;
   /// The global shape, for locals that are not the even split of it (uneven chunk pieces).
-  std::optional<Shape> shape;
+  std::optional<Shape> shape = {};
   /// The global strides; accepted for DTensor parity, must be the contiguous strides of shape.
-  std::optional<Strides> stride;
+  std::optional<Strides> stride = {};
   /// Take each sharded dim's piece sizes from the locals themselves (PhysicsNeMo
   /// sharding_shapes="infer"): an all_gather of the local shapes. Communicates.
   bool infer_sizes = false;
@@ -48,10 +48,10 @@ enum class MeshReduction : uint8_t { sum, avg, max, min, stack };
 /// bytes of an f32 x and returns a bf16 DTensor.
 struct RedistributeOptions {
   /// Cast the local block to this dtype, then move it: the result has this dtype.
-  std::optional<DType> forward_dtype;
+  std::optional<DType> forward_dtype = {};
   /// In the backward, cast the gradient to this dtype, move it, and hand it to the input in the
   /// input's dtype (default: the gradient moves in the result's dtype).
-  std::optional<DType> backward_dtype;
+  std::optional<DType> backward_dtype = {};
 };
 
 class DTensor;

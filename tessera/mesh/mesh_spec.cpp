@@ -104,7 +104,7 @@ int64_t MeshSpec::dim_of(std::string_view axis, std::string_view call) const {
   for (size_t d = 0; d < data_->names.size(); ++d)
     if (data_->names[d] == axis) return static_cast<int64_t>(d);
   std::string axes;
-  for (const auto& n : data_->names) axes += (axes.empty() ? "'" : ", '") + n + "'";
+  for (const auto& n : data_->names) axes.append(axes.empty() ? "'" : ", '").append(n + "'");
   throw ShardingError(detail::concat("[", call, "] unknown axis '", axis, "' in ", to_string(), " (its axes: ",
                                      axes.empty() ? "none" : axes, ")"));
 }
@@ -156,7 +156,7 @@ std::string MeshSpec::to_string() const {
   for (size_t i = 0; i < data_->ranks.size(); ++i) identity = identity && data_->ranks[i] == static_cast<int>(i);
   if (!identity) {
     text += " ranks [";
-    for (size_t i = 0; i < data_->ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(data_->ranks[i]);
+    for (size_t i = 0; i < data_->ranks.size(); ++i) text.append(i ? ", " : "").append(std::to_string(data_->ranks[i]));
     text += "]";
   }
   return text;

@@ -121,8 +121,8 @@ std::vector<PlanEstimate> candidates_of(const MeshSpec& spec, bool tensor_parall
     if (!e.tp_axis.empty()) name = std::string(sp ? "tp+sp(" : "tp(") + e.tp_axis + ")";
     if (!e.dp_axes.empty()) {
       std::string joined;
-      for (const auto& a : e.dp_axes) joined += (joined.empty() ? "" : ",") + a;
-      name += (name.empty() ? "" : " + ") + std::string(fsdp ? "fsdp(" : "ddp(") + joined + ")";
+      for (const auto& a : e.dp_axes) joined.append(joined.empty() ? "" : ",").append(a);
+      name.append(name.empty() ? "" : " + ").append(std::string(fsdp ? "fsdp(" : "ddp(") + joined + ")");
     }
     e.name = name;
     out.push_back(std::move(e));

@@ -53,24 +53,24 @@ struct ParallelizeOptions {
   /// steps, the median, the slowest rank).
   double unsharded_step_us = 0;
   /// The communication model; default: the running backend's, its call latency re-measured here.
-  std::optional<CostModel> cost;
+  std::optional<CostModel> cost = {};
 
   /// A mesh axis whose slices become pipeline stages; empty: no pipeline. The model is then this
   /// rank's copy, built on its stage's mesh (mesh.slice({axis: this rank's index})), with the
   /// same seed on every stage.
-  std::string pipeline_axis;
+  std::string pipeline_axis = {};
   int64_t microbatches = 4;                   ///< the pipeline's, splitting `batch`
   Schedule schedule = Schedule::one_f_one_b;  ///< the pipeline's (how many microbatches a stage holds)
   /// The forward + backward time of each unit (the embeddings, each block, the norm and head)
   /// at one microbatch's shape on a stage's mesh, unsharded, in us, divided by the ranks
   /// splitting it; empty: measured at each plan's per-rank share of the microbatch (the median
   /// of three, the slowest rank's).
-  std::vector<double> unit_us;
+  std::vector<double> unit_us = {};
   /// A module other than TransformerLM: its tensor parallel plan (parallelize_module's; empty:
   /// no tensor parallel candidates) and the loss of an unsharded batch of `rows` rows on its mesh
   /// (what parallelize times; activations are priced as [rows, seq, features]).
-  std::map<std::string, nn::ParallelStyle> tp_plan;
-  std::function<DTensor(int64_t rows)> loss;
+  std::map<std::string, nn::ParallelStyle> tp_plan = {};
+  std::function<DTensor(int64_t rows)> loss = {};
   /// Ranks sharing each core (a pipeline's step is at least its host's work over its cores); 0:
   /// this host's ranks over std::thread::hardware_concurrency(), at least 1.
   double ranks_per_core = 0;
@@ -102,7 +102,7 @@ struct ParallelPlan {
   CostModel cost;   ///< the communication model used (the backend's, its call latency re-measured)
   Placements data;  ///< where the step's tokens and targets go: Shard(0) on the dp axes
   /// With a pipeline axis: the axis, the stages' meshes (its slices, in order), the schedule.
-  std::string pipeline_axis;
+  std::string pipeline_axis = {};
   std::vector<DeviceMesh> stage_meshes;
   int64_t microbatches = 1;
   Schedule schedule = Schedule::one_f_one_b;

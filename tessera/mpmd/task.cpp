@@ -157,7 +157,7 @@ Task task(std::string name, TaskFn fn) {
   for (auto it = patterns.rbegin(); it != patterns.rend(); ++it)
     if (fnmatch(it->pattern.c_str(), name.c_str(), 0) == 0) return Task(std::move(name), it->mesh, std::move(fn), it->rules);
   std::string known;
-  for (const Registered& r : patterns) known += (known.empty() ? "" : ", ") + r.pattern;
+  for (const Registered& r : patterns) known.append(known.empty() ? "" : ", ").append(r.pattern);
   TESSERA_CHECK(false, ShardingError, "task", "no registered pattern matches task '", name, "' (patterns: ",
                 known.empty() ? "none" : known, "); call register_task(pattern, mesh) first");
   return Task(std::move(name), DeviceMesh(), std::move(fn));  // not reached

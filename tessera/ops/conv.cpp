@@ -59,7 +59,7 @@ constexpr int64_t kDirectBlock = 8;
 std::string text(const std::vector<int64_t>& v) { return Shape(v).to_string(); }
 std::string text(const std::vector<double>& v) {
   std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + detail::concat(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) out.append(i ? ", " : "").append(detail::concat(v[i]));
   return out + "]";
 }
 

@@ -19,7 +19,7 @@ namespace {
 
 std::string shapes_text(const std::vector<Shape>& shapes) {
   std::string text;
-  for (const Shape& s : shapes) text += (text.empty() ? "" : ", ") + s.to_string();
+  for (const Shape& s : shapes) text.append(text.empty() ? "" : ", ").append(s.to_string());
   return text;
 }
 
@@ -209,7 +209,7 @@ EinsumSpec parse_einsum(std::string_view equation, const std::vector<Shape>& sha
       TESSERA_CHECK(spec.output.find(spec.output[d]) == d, ValueError, "einsum", fail_text(), ": output letter '",
                     std::string(1, spec.output[d]), "' repeats");
   }
-  for (size_t i = 0; i < spec.inputs.size(); ++i) spec.equation += (i ? "," : "") + spec.inputs[i];
+  for (size_t i = 0; i < spec.inputs.size(); ++i) spec.equation.append(i ? "," : "").append(spec.inputs[i]);
   spec.equation += "->" + spec.output;
   return spec;
 }

@@ -347,9 +347,9 @@ std::string Layout::to_string() const {
   for (int64_t d = 0; d < ndim(); ++d) {
     const auto& order = data_->orders[static_cast<size_t>(d)];
     if (!std::is_sorted(order.begin(), order.end()))
-      orders += (orders.empty() ? "" : ", ") + std::to_string(d) + ": " + Shape(order).to_string();
+      orders.append(orders.empty() ? "" : ", ").append(std::to_string(d) + ": " + Shape(order).to_string());
     if (data_->explicit_sizes[static_cast<size_t>(d)])
-      sizes += (sizes.empty() ? "" : ", ") + std::to_string(d) + ": " + Shape(data_->pieces[static_cast<size_t>(d)]).to_string();
+      sizes.append(sizes.empty() ? "" : ", ").append(std::to_string(d) + ": " + Shape(data_->pieces[static_cast<size_t>(d)]).to_string());
   }
   if (!orders.empty()) text += " order {" + orders + "}";
   if (!sizes.empty()) text += " sizes {" + sizes + "}";

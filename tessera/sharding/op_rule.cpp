@@ -28,7 +28,7 @@ std::string ShardingRow::to_string() const { return tessera::to_string(inputs) +
 
 std::string OpStrategy::to_string() const {
   std::string text = "[";
-  for (size_t i = 0; i < inputs.size(); ++i) text += (i ? ", " : "") + tessera::to_string(inputs[i]);
+  for (size_t i = 0; i < inputs.size(); ++i) text.append(i ? ", " : "").append(tessera::to_string(inputs[i]));
   return text + "] -> " + tessera::to_string(output);
 }
 
@@ -146,7 +146,7 @@ Shape factor_output_shape(const FactorRule& rule, const std::vector<const Layout
       auto& s = size[static_cast<size_t>(dims[d])];
       if (s < 0) s = shape[static_cast<int64_t>(d)];
       std::string shapes;
-      for (const auto* in : inputs) shapes += (shapes.empty() ? "" : ", ") + in->global_shape().to_string();
+      for (const auto* in : inputs) shapes.append(shapes.empty() ? "" : ", ").append(in->global_shape().to_string());
       TESSERA_CHECK(s == shape[static_cast<int64_t>(d)], ValueError, op, "shapes ", shapes, " do not match rule ",
                     rule.to_string(), ": dim ", d, " of input ", i, " has size ", shape[static_cast<int64_t>(d)],
                     ", expected ", s);
@@ -423,7 +423,7 @@ size_t cheapest_proposal(const std::vector<OpProposal>& proposals, const std::ve
   }
   if (best == proposals.size()) {
     std::string described;
-    for (const auto* in : inputs) described += (described.empty() ? "" : ", ") + in->to_string();
+    for (const auto* in : inputs) described.append(described.empty() ? "" : ", ").append(in->to_string());
     TESSERA_CHECK(false, ShardingError, op, "no sharding strategy is reachable from inputs ", described);
   }
   return best;

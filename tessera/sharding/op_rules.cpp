@@ -59,7 +59,7 @@ constexpr ReduceOp kAllOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, Red
 
 std::string shapes_text(const std::vector<Shape>& shapes) {
   std::string text;
-  for (const auto& s : shapes) text += (text.empty() ? "" : ", ") + s.to_string();
+  for (const auto& s : shapes) text.append(text.empty() ? "" : ", ").append(s.to_string());
   return text;
 }
 

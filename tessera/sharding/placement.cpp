@@ -21,7 +21,7 @@ std::string to_string(const Placement& placement) {
 
 std::string to_string(const Placements& placements) {
   std::string text = "(";
-  for (size_t i = 0; i < placements.size(); ++i) text += (i ? ", " : "") + to_string(placements[i]);
+  for (size_t i = 0; i < placements.size(); ++i) text.append(i ? ", " : "").append(to_string(placements[i]));
   return text + ")";
 }
 

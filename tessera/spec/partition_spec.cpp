@@ -12,7 +12,7 @@ std::string AxisRef::to_string() const { return is_index() ? std::to_string(inde
 
 int64_t AxisRef::resolve(const MeshSpec& mesh, std::string_view call, std::string_view spec) const {
   std::string axes;
-  for (const auto& n : mesh.names()) axes += (axes.empty() ? "'" : ", '") + n + "'";
+  for (const auto& n : mesh.names()) axes.append(axes.empty() ? "'" : ", '").append(n + "'");
   if (is_index()) {
     TESSERA_CHECK(index_ >= 0 && index_ < mesh.ndim(), ShardingError, call, spec, " names mesh axis ", index_,
                   ", but ", mesh.to_string(), " has ", mesh.ndim(), " axes (", axes, ")");
@@ -29,7 +29,7 @@ std::string SpecEntry::to_string() const {
   if (axes_.empty()) return "None";
   if (axes_.size() == 1) return axes_.front().to_string();
   std::string text = "(";
-  for (size_t i = 0; i < axes_.size(); ++i) text += (i ? ", " : "") + axes_[i].to_string();
+  for (size_t i = 0; i < axes_.size(); ++i) text.append(i ? ", " : "").append(axes_[i].to_string());
   return text + ")";
 }
 
@@ -40,7 +40,7 @@ const SpecEntry& PartitionSpec::entry(int64_t dim) const {
 
 std::string PartitionSpec::to_string() const {
   std::string text = "P(";
-  for (size_t i = 0; i < entries_.size(); ++i) text += (i ? ", " : "") + entries_[i].to_string();
+  for (size_t i = 0; i < entries_.size(); ++i) text.append(i ? ", " : "").append(entries_[i].to_string());
   return text + ")";
 }
 

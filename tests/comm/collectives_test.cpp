@@ -596,7 +596,7 @@ TEST(Collectives, SplitOrdersByKeyThenRankAndNests) {
     EXPECT_EQ(sum, std::accumulate(expected.begin(), expected.end(), int64_t{0}));
     // to_string names the world ranks.
     std::string names = "group[";
-    for (size_t i = 0; i < expected.size(); ++i) names += (i ? ", " : "") + std::to_string(expected[i]);
+    for (size_t i = 0; i < expected.size(); ++i) names.append(i ? ", " : "").append(std::to_string(expected[i]));
     EXPECT_TRUE(starts_with(half->to_string(), names + "]")) << half->to_string();
     EXPECT_TRUE(contains(half->to_string(), std::string(half->backend()))) << half->to_string();
     // Groups are independent: interleaved collectives on the parent and the children.

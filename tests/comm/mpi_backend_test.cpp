@@ -197,7 +197,7 @@ TEST(MpiBackend, IsTheBackendUnderMpirun) {
   EXPECT_EQ(world().size(), world_size());
   EXPECT_EQ(world().rank(), rank());
   std::string ranks;
-  for (int r = 0; r < world_size(); ++r) ranks += (r ? ", " : "") + std::to_string(r);
+  for (int r = 0; r < world_size(); ++r) ranks.append(r ? ", " : "").append(std::to_string(r));
   EXPECT_EQ(world().to_string(), "group[" + ranks + "] (mpi)");
   world().barrier();
 }
@@ -596,7 +596,7 @@ TEST(MpiBackend, DebugModeNamesBothSignaturesOfADesync) {
   t.debug_collectives = true;
   TuningGuard tuning(t);
   std::string group = "group[";
-  for (int r = 0; r < n; ++r) group += (r ? ", " : "") + std::to_string(r);
+  for (int r = 0; r < n; ++r) group.append(r ? ", " : "").append(std::to_string(r));
   group += "] (mpi)";
   // Ranks 0 .. n-2 call all_reduce, the last rank all_gather: every rank names both.
   {
@@ -735,7 +735,7 @@ TEST(MpiBackend, SkippedBarrierTimesOut) {
   auto comm = world().split(0, me);
   comm->barrier();  // #0
   std::string group = "group[";
-  for (int r = 0; r < n; ++r) group += (r ? ", " : "") + std::to_string(r);
+  for (int r = 0; r < n; ++r) group.append(r ? ", " : "").append(std::to_string(r));
   group += "] (mpi)";
   {
     TimeoutGuard timeout(1);

@@ -135,7 +135,7 @@ inline void check_result_on_another_mesh(const tessera::controller::WorkerMesh& 
   const controller::WorkerMesh row = mesh.slice({{mesh.spec().names().front(), 0}});
   const auto on_workers = [](const controller::WorkerMesh& m) {
     std::string text = "on workers [";
-    for (size_t i = 0; i < m.spec().ranks().size(); ++i) text += (i ? ", " : "") + std::to_string(m.spec().ranks()[i]);
+    for (size_t i = 0; i < m.spec().ranks().size(); ++i) text.append(i ? ", " : "").append(std::to_string(m.spec().ranks()[i]));
     return text + "]";
   };
   const std::vector<std::string> parts{"worker rank " + std::to_string(mesh.spec().ranks().front()),

@@ -476,7 +476,9 @@ TEST_P(ConvertTest, ToAndStridedCopy) {
   EXPECT_EQ(converted.dtype(), dst_dtype);
   EXPECT_EQ(converted.shape(), (Shape{n}));
   EXPECT_EQ(walk(converted), expected);
-  if (src_dtype == dst_dtype) EXPECT_TRUE(converted.is_same(src));
+  if (src_dtype == dst_dtype) {
+    EXPECT_TRUE(converted.is_same(src));
+  }
   else EXPECT_NE(converted.storage(), src.storage());
 
   // Strided source (every other element of a longer vector) into a strided destination

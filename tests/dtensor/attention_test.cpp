@@ -39,7 +39,7 @@ Placements gradient_placements(Placements p) {
 
 std::string describe(const std::vector<Placements>& combo) {
   std::string text;
-  for (const auto& p : combo) text += (text.empty() ? "" : " ") + to_string(p);
+  for (const auto& p : combo) text.append(text.empty() ? "" : " ").append(to_string(p));
   return text;
 }
 
@@ -93,9 +93,9 @@ void check(const AttentionCase& c) {
 
 TEST(ShardedAttention, EqualsTheUnshardedOpWithGradients) {
   const std::vector<AttentionCase> cases = {
-      {"heads", {2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 3}},
-      {"causal", {3, 6, 2}, {3, 5, 2}, {3, 5, 3}, true},
-      {"bool mask", {2, 5, 3}, {2, 6, 3}, {2, 6, 2}, false, Shape{5, 6}},
+      {"heads", {2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 3}, false, std::nullopt, 0.0},
+      {"causal", {3, 6, 2}, {3, 5, 2}, {3, 5, 3}, true, std::nullopt, 0.0},
+      {"bool mask", {2, 5, 3}, {2, 6, 3}, {2, 6, 2}, false, Shape{5, 6}, 0.0},
       {"dropout causal", {2, 5, 3}, {2, 4, 3}, {2, 4, 2}, true, std::nullopt, 0.3},
   };
   for (const auto& c : cases)

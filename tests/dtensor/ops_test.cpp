@@ -49,7 +49,7 @@ using LOp = std::function<Tensor(const std::vector<Tensor>&)>;
 
 std::string describe(const std::vector<Placements>& combo) {
   std::string text;
-  for (const auto& p : combo) text += (text.empty() ? "" : " ") + to_string(p);
+  for (const auto& p : combo) text.append(text.empty() ? "" : " ").append(to_string(p));
   return text;
 }
 

@@ -97,7 +97,9 @@ void run_failing_stage(Schedule schedule, const char* schedule_name) {
   const auto [expected_loss, expected_grad] = unsplit_loss_and_grad(input, w_full);
   const double loss = pipeline.step(x, t);
   EXPECT_NEAR(loss, expected_loss, 1e-12);
-  if (pipeline.my_stage() == 0) EXPECT_TRUE(allclose(w.grad().full_tensor(), expected_grad, 1e-10, 1e-12));
+  if (pipeline.my_stage() == 0) {
+    EXPECT_TRUE(allclose(w.grad().full_tensor(), expected_grad, 1e-10, 1e-12));
+  }
 }
 
 }  // namespace

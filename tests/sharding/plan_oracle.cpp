@@ -441,8 +441,8 @@ std::string OracleStep::to_string() const {
     std::string names, dims;
     int64_t ranks = 1;
     for (int64_t m : mesh_dims) {
-      names += (names.empty() ? "" : "+") + before.mesh().names()[static_cast<size_t>(m)];
-      dims += (dims.empty() ? "" : ", ") + std::to_string(m);
+      names.append(names.empty() ? "" : "+").append(before.mesh().names()[static_cast<size_t>(m)]);
+      dims.append(dims.empty() ? "" : ", ").append(std::to_string(m));
       ranks *= before.mesh().shape()[m];
     }
     out << " over " << names << (mesh_dims.size() == 1 ? " (mesh dim " : " (mesh dims ") << dims

@@ -407,7 +407,9 @@ TEST(Plan, CostLowerBoundNeverExceedsThePlannedCost) {
           }
           const double bound = plan_cost_lower_bound(src, dst, options);
           ASSERT_LE(bound, p->cost) << explain(*p);
-          if (src == dst) ASSERT_EQ(bound, 0.0);
+          if (src == dst) {
+            ASSERT_EQ(bound, 0.0);
+          }
           else ASSERT_GT(bound, 0.0);
         }
       }

@@ -196,7 +196,7 @@ std::string agree(const Command& c, const StreamMesh& copies, const std::string&
 std::string on_workers(const MeshSpec& spec) {
   std::string text = spec.to_string();
   text = text.substr(0, text.find(" ranks")) + " on workers [";
-  for (size_t i = 0; i < spec.ranks().size(); ++i) text += (i ? ", " : "") + std::to_string(spec.ranks()[i]);
+  for (size_t i = 0; i < spec.ranks().size(); ++i) text.append(i ? ", " : "").append(std::to_string(spec.ranks()[i]));
   return text + "]";
 }
 

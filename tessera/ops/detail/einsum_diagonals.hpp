@@ -46,7 +46,7 @@ EinsumSpec take_diagonals(const EinsumSpec& spec, std::vector<T>& operands, cons
       operands[i] = einsum(step.equation, args);
       flat.inputs[i] = step.letters;
     }
-    flat.equation += (i ? "," : "") + flat.inputs[i];
+    flat.equation.append(i ? "," : "").append(flat.inputs[i]);
   }
   flat.equation += "->" + flat.output;
   return flat;

@@ -65,7 +65,7 @@ int error_class(int code) {
 
 std::string join_ranks(const std::vector<int>& ranks) {
   std::string out = "[";
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  for (size_t i = 0; i < ranks.size(); ++i) out.append(i ? ", " : "").append(std::to_string(ranks[i]));
   return out + "]";
 }
 
