@@ -39,35 +39,41 @@ std::string bytes_text(int64_t bytes) {
 // Time of a step (CostModel) in bytes: the busiest receiver plus the call and message latency;
 // the lower bound is on receives, so that is what the model counts (sends are balanced by
 // direct_exchange). A tiny share of the total breaks ties toward plans that move less overall.
-// True when the step's groups span hosts (options.spans_hosts): a group over several mesh dims
-// does when one of its dims does (each dim's lines stay within a host otherwise, and so does any
-// walk along them); an exchange when either mesh has such a dim.
-bool spans_hosts(const PlanStep& step, const PlanOptions& options) {
-  if (!options.spans_hosts) return false;
-  const auto any = [&](const MeshSpec& mesh, const std::vector<int64_t>& dims) {
-    for (int64_t m : dims)
-      if (options.spans_hosts(mesh, m)) return true;
-    return false;
-  };
-  if (step.kind != StepKind::exchange) return any(step.before.mesh(), step.mesh_dims);
-  for (const MeshSpec* mesh : {&step.before.mesh(), &step.after.mesh()}) {
-    std::vector<int64_t> all(static_cast<size_t>(mesh->ndim()));
-    for (int64_t m = 0; m < mesh->ndim(); ++m) all[static_cast<size_t>(m)] = m;
-    if (any(*mesh, all)) return true;
+// How many hosts' worth of ranks a step's group spans (options.spans_hosts): the product of the
+// sizes of its mesh dims whose lines span hosts (each dim's lines stay inside a host otherwise,
+// and so does any walk along them), 1 when none does; an exchange over a mesh with such a dim
+// counts as spanning with all its messages.
+int64_t host_span(const PlanStep& step, const PlanOptions& options) {
+  if (!options.spans_hosts) return 1;
+  if (step.kind != StepKind::exchange) {
+    int64_t span = 1;
+    for (int64_t m : step.mesh_dims)
+      if (options.spans_hosts(step.before.mesh(), m)) span *= step.before.mesh().shape()[m];
+    return span;
   }
-  return false;
+  for (const MeshSpec* mesh : {&step.before.mesh(), &step.after.mesh()})
+    for (int64_t m = 0; m < mesh->ndim(); ++m)
+      if (options.spans_hosts(*mesh, m)) return std::numeric_limits<int64_t>::max();
+  return 1;
 }
 
-// The score of a step: its time under the model of where it runs (within a host, or across),
-// in bytes at the within-host bandwidth. Ties go to fewer steps, and to a collective over an
-// exchange of the same cost.
+// The score of a step: its time, in bytes at the within-host bandwidth. A step whose group spans
+// hosts makes its call and moves its bytes at the network's cost; of its messages, the rounds
+// among the hosts (recursive doubling pairs the inner, within-host dims first) cross it, the rest
+// stay inside. Ties go to fewer steps, and to a collective over an exchange of the same cost.
 double step_score(const PlanStep& step, const PlanOptions& options) {
-  const CostModel& model = spans_hosts(step, options) ? options.across_hosts : options.cost;
+  const int64_t span = host_span(step, options);
+  const CostModel& model = span > 1 ? options.across_hosts : options.cost;
+  const int64_t across = span > 1 ? std::min(step.messages, span == std::numeric_limits<int64_t>::max() ? step.messages
+                                                                                                       : rounds(span))
+                                  : 0;
   const double scale = options.cost.bytes_per_us / model.bytes_per_us;  // bytes there, in bytes here
   const double tie = step.kind == StepKind::exchange ? 0.5 : 0.25;
   return scale * (static_cast<double>(step.max_received) + 1e-3 * static_cast<double>(step.total_received)) +
-         options.cost.bytes_per_us * (model.message_us * static_cast<double>(step.messages) +
-                                      model.call_us * static_cast<double>(step.calls)) +
+         options.cost.bytes_per_us *
+             (options.across_hosts.message_us * static_cast<double>(across) +
+              options.cost.message_us * static_cast<double>(step.messages - across) +
+              model.call_us * static_cast<double>(step.calls)) +
          tie;
 }
 
