@@ -57,6 +57,11 @@ SANITIZE_BUILD_TYPE ?= RelWithDebInfo
 # -O1 (what the ASan and TSan docs advise) with line tables only (-g1): every stack frame still
 # names its file and line, and a sanitized build compiles in half the time of -O2 -g.
 SANITIZE_CXX_FLAGS ?= -O1 -g1 -DNDEBUG
+# Under ASan+UBSan the tests' own files are compiled plain (UBSan alone triples a test file's
+# compile time) and linked with the runtimes: the library they call is instrumented, so every
+# access it makes is checked. TSan instruments them too: a test's rank lambdas run on the
+# threads whose races it looks for.
+SANITIZE_TESTS ?= $(if $(findstring thread,$(TESSERA_SANITIZE)),ON,OFF)
 # Benchmarks are always measured on a Release build.
 BENCH_DIR ?= $(if $(filter Release,$(BUILD_TYPE)),$(BUILD_DIR),build-release)
 
@@ -169,7 +174,7 @@ bench-multihost: deps
 # TSan needs a fixed address-space layout on kernels with many ASLR bits: run without ASLR
 # where the machine allows it.
 sanitize: deps
-	$(call configure,$(SANITIZE_DIR),$(SANITIZE_BUILD_TYPE),-DTESSERA_SANITIZE="$(TESSERA_SANITIZE)" -DCMAKE_CXX_FLAGS_$(shell echo $(SANITIZE_BUILD_TYPE) | tr a-z A-Z)="$(SANITIZE_CXX_FLAGS)" -DTESSERA_BUILD_BENCH=OFF -DTESSERA_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
+	$(call configure,$(SANITIZE_DIR),$(SANITIZE_BUILD_TYPE),-DTESSERA_SANITIZE="$(TESSERA_SANITIZE)" -DCMAKE_CXX_FLAGS_$(shell echo $(SANITIZE_BUILD_TYPE) | tr a-z A-Z)="$(SANITIZE_CXX_FLAGS)" -DTESSERA_SANITIZE_TESTS=$(SANITIZE_TESTS) -DTESSERA_BUILD_BENCH=OFF -DTESSERA_BUILD_EXAMPLES=OFF $(CMAKE_ARGS))
 	cmake --build $(SANITIZE_DIR) -j $(JOBS) $(if $(SANITIZE_TARGETS),--target $(SANITIZE_TARGETS))
 	@norandom=; \
 	if [ "$(findstring thread,$(TESSERA_SANITIZE))" = thread ] && setarch "$$(uname -m)" -R true 2>/dev/null; then \

@@ -137,6 +137,8 @@ def dispatch_table(args):
 def plan_scale_table(args):
     """tessera_plan_scale_bench (plans only) and torch_planner.py on the same pairs, one run each."""
     common = ["--max-ranks", str(args.plan_max_ranks), "--cap-s", str(args.plan_cap_s)]
+    if args.plan_cpu_time:
+        common.append("--cpu-time")
     with tempfile.TemporaryDirectory() as tmp:
         json_path = os.path.join(tmp, "plan_scale.json")
         tessera = run_json([args.plan_scale, "--no-dispatch", "--json", json_path] + common, json_path, key="plans")
@@ -205,6 +207,8 @@ def main():
     parser.add_argument("--plan-max-ranks", type=int, default=16384, help="largest mesh of the planner table")
     parser.add_argument("--plan-cap-s", type=float, default=2.0,
                         help="a first plan slower than this skips the pair's larger meshes (both sides)")
+    parser.add_argument("--plan-cpu-time", action="store_true",
+                        help="time both planners by their thread's CPU time (a machine busy with other work)")
     args = parser.parse_args()
     if not args.tessera and not args.plan_scale:
         parser.error("give --tessera (the training table), --plan-scale, or both")

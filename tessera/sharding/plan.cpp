@@ -451,7 +451,13 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     double score;
     Layout layout;
     bool exact;  // the estimate used the full bound, not the quick one
+    int exchange = -1;  // an exchange to exchange_target not priced yet: its index in `exchanges`
   };
+  // Exchanges wait in the frontier at a bound on their score, found on some ranks, and are
+  // priced exactly (which visits every class of ranks) only when that bound comes up: a search
+  // over crossing shard orders reaches dozens of layouts that could exchange, and one or two
+  // exchanges decide. (Layout the exchange starts from, its score there.)
+  std::vector<std::pair<Layout, double>> exchanges;
   auto later = [](const Entry& a, const Entry& b) { return a.estimate > b.estimate; };
   std::priority_queue<Entry, std::vector<Entry>, decltype(later)> frontier(later);
   reached.emplace(src, Reached{0, -1});
@@ -472,6 +478,15 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   while (!frontier.empty()) {
     Entry top = frontier.top();
     frontier.pop();
+    if (top.exchange >= 0) {
+      const auto& [from, base] = exchanges[static_cast<size_t>(top.exchange)];
+      const auto target = reached.find(exchange_target);
+      const bool settled = target != reached.end() && target->second.done;
+      // Skip it once the target is settled, or once `from` was reached more cheaply (that
+      // visit queued an exchange of its own).
+      if (!settled && !(reached.at(from).score < base)) relax(from, base, detail::exchange_step(from, exchange_target));
+      continue;
+    }
     const double score = top.score;
     const Layout& at = top.layout;
     auto& node = reached.at(at);
@@ -490,20 +505,22 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
       if (auto step = detail::mesh_dim_step(at, next)) relax(at, score, std::move(*step));
     }
     if (!at.has_partial() && !(at == exchange_target)) {
-      // Price the exchange only if a bound on it, found on some ranks, can beat the best way to
-      // its target known so far: with crossing shard orders its exact figures visit many ranks.
+      // The exchange's score is at least what a bound on it, found on some ranks, gives.
+      const detail::Lacking lack = detail::lacking(at, exchange_target, /*bound_only=*/true);
+      PlanStep bound;
+      bound.kind = StepKind::exchange;
+      bound.before = at;
+      bound.after = exchange_target;
+      bound.max_received = lack.most * itemsize(at.dtype());
+      bound.total_received = lack.total * itemsize(at.dtype());
+      bound.messages = lack.sources;
+      bound.calls = lack.most > 0 ? 1 : 0;
+      const double least = score + step_score(bound, options);
       const auto known = reached.find(exchange_target);
-      if (known != reached.end()) {
-        const detail::Lacking lack = detail::lacking(at, exchange_target, /*bound_only=*/true);
-        PlanStep bound;
-        bound.kind = StepKind::exchange;
-        bound.max_received = lack.most * itemsize(at.dtype());
-        bound.total_received = lack.total * itemsize(at.dtype());
-        bound.messages = lack.sources;
-        bound.calls = lack.most > 0 ? 1 : 0;
-        if (score + step_score(bound, options) >= known->second.score) continue;
-      }
-      relax(at, score, detail::exchange_step(at, exchange_target));
+      if (known != reached.end() && least >= known->second.score) continue;
+      exchanges.emplace_back(at, score);
+      frontier.push({least + remaining_bound(exchange_target, dst, options, /*quick=*/true), least, exchange_target,
+                     false, static_cast<int>(exchanges.size()) - 1});
     }
   }
   auto it = reached.find(dst);

@@ -60,7 +60,7 @@ struct Plan {
   bool sample = false;                               // mode 2: a few coordinates only
 };
 
-Plan enumeration_plan(const MeshSpec& mesh, const std::vector<const Layout*>& layouts) {
+Plan enumeration_plan(const MeshSpec& mesh, const std::vector<const Layout*>& layouts, const std::vector<bool>& varying) {
   const int64_t nm = mesh.ndim();
   Plan plan;
   plan.mode.assign(static_cast<size_t>(nm), 0);
@@ -73,6 +73,7 @@ Plan enumeration_plan(const MeshSpec& mesh, const std::vector<const Layout*>& la
   for (int64_t m = 0; m < nm; ++m) {
     const auto& seen = plan.appearances[static_cast<size_t>(m)];
     if (seen.empty() || mesh.shape()[m] == 1) continue;
+    if (!varying.empty() && !varying[static_cast<size_t>(m)]) continue;
     plan.mode[static_cast<size_t>(m)] = compressible(m, seen, layouts) ? 1 : 2;
   }
   // Coordinates first for the mesh dims listed one by one and the unused ones; then each mesh dim
@@ -155,12 +156,12 @@ bool enumerate(const MeshSpec& mesh, const Plan& plan, size_t at, std::vector<in
 
 bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
                                const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit,
-                               bool sample) {
+                               bool sample, const std::vector<bool>& varying) {
   for (const Layout* layout : layouts)
     TESSERA_ASSERT(layout->mesh() == mesh, "rank classes of layouts on another mesh: ", layout->to_string(), " vs ",
                    mesh.to_string());
   std::vector<int64_t> coordinate(static_cast<size_t>(mesh.ndim()), 0);
-  Plan plan = enumeration_plan(mesh, layouts);
+  Plan plan = enumeration_plan(mesh, layouts, varying);
   // Sample only where listing every coordinate would cost much: up to a few thousand classes
   // the bounds stay exact, which keeps a search ordered as tightly as exact figures would.
   constexpr int64_t kExactClasses = 4096;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <limits>
+#include <numeric>
 
 #include <tessera/sharding/block_exchange.hpp>
 #include <tessera/sharding/detail/rank_classes.hpp>
@@ -125,30 +127,220 @@ int64_t group_size(const MeshSpec& mesh, const std::vector<int64_t>& dims) {
   return k;
 }
 
-// Per rank of `want`'s mesh: what it lacks of its block (and, with `messages`, from how many
-// source blocks), calling visit(lacking elements, sources, ranks alike). On one mesh by classes of
+// How many of `held`'s pieces of tensor dim d overlap `want`'s piece at a coordinate. An even
+// split answers in a few operations; an uneven one searches its pieces (nested chunks, explicit
+// sizes), and crossing shard orders ask that of every class of ranks, which are as many as the
+// ranks, while the answer depends only on want's piece: so those dims remember it per piece.
+class SourcePieces {
+ public:
+  SourcePieces(const Layout& held, const Layout& want) : held_(held), want_(want) {
+    memo_.resize(static_cast<size_t>(want.ndim()));
+    for (int64_t d = 0; d < want.ndim(); ++d) {
+      const int64_t size = held.global_shape()[d];
+      const bool even = !held.has_explicit_sizes(d) && size > 0 && size % held.piece_count(d) == 0;
+      if (!even && !want.shard_order(d).empty())
+        memo_[static_cast<size_t>(d)].assign(static_cast<size_t>(want.piece_count(d)), -1);
+    }
+  }
+
+  int64_t operator()(int64_t d, const std::vector<int64_t>& coordinate, Range w) {
+    std::vector<int64_t>& memo = memo_[static_cast<size_t>(d)];
+    if (memo.empty()) return pieces_overlapping(held_, d, w.first, w.second).overlapping;
+    int64_t& known = memo[static_cast<size_t>(piece_of(want_.mesh(), want_.shard_order(d), coordinate))];
+    if (known < 0) known = pieces_overlapping(held_, d, w.first, w.second).overlapping;
+    return known;
+  }
+
+ private:
+  const Layout& held_;
+  const Layout& want_;
+  std::vector<std::vector<int64_t>> memo_;  // per dim: per piece of want, -1 until asked
+};
+
+// Tensor dims that share no mesh dim (in either layout's shard orders) lack and keep their parts
+// independently: a rank's figures are products over groups of dims, each depending only on the
+// coordinates of its group's mesh dims. Pricing each group alone visits the sum of the groups'
+// classes, not their product: (S(0), P, R, S(1)) -> (R, S(1), S(0), R) on 16x8x8x16 crosses
+// shard orders in two groups of 128 coordinates, which together make 16,384 classes.
+struct DimGroup {
+  std::vector<int64_t> dims;
+  std::vector<bool> mesh_dims;  // a flag per mesh dim
+};
+
+std::vector<DimGroup> independent_dim_groups(const Layout& held, const Layout& want) {
+  const int64_t nd = want.ndim(), nm = want.mesh().ndim();
+  std::vector<int64_t> group(static_cast<size_t>(nd));
+  std::iota(group.begin(), group.end(), 0);
+  const auto root = [&](int64_t d) {
+    while (group[static_cast<size_t>(d)] != d) d = group[static_cast<size_t>(d)];
+    return d;
+  };
+  std::vector<int64_t> first_dim(static_cast<size_t>(nm), -1);  // a tensor dim each mesh dim splits
+  for (const Layout* layout : {&held, &want})
+    for (int64_t d = 0; d < nd; ++d)
+      for (int64_t m : layout->shard_order(d)) {
+        int64_t& first = first_dim[static_cast<size_t>(m)];
+        if (first < 0) first = d;
+        group[static_cast<size_t>(root(d))] = root(first);
+      }
+  std::vector<DimGroup> out;
+  std::vector<int64_t> index(static_cast<size_t>(nd), -1);
+  for (int64_t d = 0; d < nd; ++d) {
+    if (held.shard_order(d).empty() && want.shard_order(d).empty()) continue;  // whole in both
+    int64_t& at = index[static_cast<size_t>(root(d))];
+    if (at < 0) {
+      at = static_cast<int64_t>(out.size());
+      out.push_back({{}, std::vector<bool>(static_cast<size_t>(nm), false)});
+    }
+    DimGroup& g = out[static_cast<size_t>(at)];
+    g.dims.push_back(d);
+    for (const Layout* layout : {&held, &want})
+      for (int64_t m : layout->shard_order(d)) g.mesh_dims[static_cast<size_t>(m)] = true;
+  }
+  return out;
+}
+
+// Products of a rank count and a sum over ranks exceed 64 bits before they are divided back.
+__extension__ using Wide = __int128;
+
+// Every piece of `layout` has one size in every dim (so every rank wants as much).
+bool even(const Layout& layout) {
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    const int64_t size = layout.global_shape()[d];
+    if (layout.shard_order(d).empty()) continue;
+    if (layout.has_explicit_sizes(d) || size == 0 || size % layout.piece_count(d) != 0) return false;
+  }
+  return true;
+}
+
+// The smallest piece of `length` split into torch.chunk pieces by `splits` from `level` on: the
+// full chunks and the remainder are split again, an empty chunk is the smallest there is.
+int64_t smallest_chunk(int64_t length, const std::vector<int64_t>& splits, size_t level) {
+  if (level == splits.size() || length == 0) return length;
+  const int64_t k = splits[level], c = (length + k - 1) / k, full = length / c, rest = length % c;
+  if (full + (rest > 0 ? 1 : 0) < k) return 0;
+  const int64_t smallest = smallest_chunk(c, splits, level + 1);
+  return rest > 0 ? std::min(smallest, smallest_chunk(rest, splits, level + 1)) : smallest;
+}
+
+// Elements of the smallest block of `layout` (no rank's is smaller), without listing pieces
+// where they are chunks.
+int64_t smallest_block_numel(const Layout& layout) {
+  int64_t numel = 1;
+  for (int64_t d = 0; d < layout.ndim(); ++d) {
+    const auto& order = layout.shard_order(d);
+    if (layout.has_explicit_sizes(d)) {
+      const std::vector<int64_t> sizes = layout.piece_sizes(d);
+      numel *= sizes.empty() ? 0 : *std::min_element(sizes.begin(), sizes.end());
+      continue;
+    }
+    std::vector<int64_t> splits;
+    for (int64_t m : order) splits.push_back(layout.mesh().shape()[m]);
+    numel *= smallest_chunk(layout.global_shape()[d], splits, 0);
+  }
+  return numel;
+}
+
+// The figures group by group, where want is even (a rank lacks its block's size less what it
+// keeps: maximising that is minimising what it keeps, which groups do independently) and the
+// dims fall into two groups or more. nullopt otherwise.
+std::optional<Lacking> lacking_by_groups(const Layout& held, const Layout& want) {
+  if (!even(want) || want.max_block_numel() == 0) return std::nullopt;
+  const std::vector<DimGroup> groups = independent_dim_groups(held, want);
+  if (groups.size() < 2) return std::nullopt;
+  const MeshSpec& mesh = want.mesh();
+  const std::vector<int64_t> origin(static_cast<size_t>(mesh.ndim()), 0);
+  // Dims whole in both layouts keep all of themselves on every rank, from one source block.
+  int64_t wanted = 1, kept_whole = 1;
+  for (int64_t d = 0; d < want.ndim(); ++d) {
+    wanted *= length(dim_range(want, d, origin));
+    if (held.shard_order(d).empty() && want.shard_order(d).empty()) kept_whole *= want.global_shape()[d];
+  }
+  SourcePieces source_pieces(held, want);
+  const auto ranks = static_cast<Wide>(mesh.size());
+  // What all ranks keep together over the groups seen so far: a group's sum over classes counts
+  // each of its own coordinates once per coordinate of the other mesh dims, so each group
+  // multiplies it by that sum / ranks (exactly: the result is again such a sum).
+  Wide kept_sum = kept_whole * ranks;
+  int64_t least_kept = kept_whole;
+  // Per group, the most source blocks of a coordinate that keeps something, and of one that
+  // keeps nothing (which needs every block it overlaps); -1 when there is none.
+  std::vector<std::pair<int64_t, int64_t>> most_blocks;
+  for (const DimGroup& g : groups) {
+    int64_t least = std::numeric_limits<int64_t>::max(), keeping = -1, empty = -1;
+    Wide sum = 0;
+    for_each_rank_class_until(mesh, {&held, &want}, [&](const std::vector<int64_t>& c, int64_t count) {
+      int64_t kept = 1, blocks = 1;
+      for (int64_t d : g.dims) {
+        const Range w = dim_range(want, d, c);
+        kept *= overlap(dim_range(held, d, c), w);
+        blocks *= source_pieces(d, c, w);
+      }
+      least = std::min(least, kept);
+      sum += static_cast<Wide>(kept) * count;
+      (kept > 0 ? keeping : empty) = std::max(kept > 0 ? keeping : empty, blocks);
+      return true;
+    }, /*sample=*/false, g.mesh_dims);
+    least_kept *= least;
+    kept_sum = kept_sum * sum / ranks;
+    most_blocks.emplace_back(keeping, empty);
+  }
+  Lacking out;
+  out.most = wanted - least_kept;
+  out.total = static_cast<int64_t>(ranks * wanted - kept_sum);
+  // Most sources: every group keeping (one of the blocks is the rank's own), or some group
+  // keeping nothing (the rank keeps nothing) while the others take their most either way.
+  int64_t all_keeping = 1;
+  for (const auto& [keeping, empty] : most_blocks) all_keeping = keeping < 0 || all_keeping < 0 ? -1 : all_keeping * keeping;
+  out.sources = std::max<int64_t>(0, all_keeping - 1);
+  for (size_t i = 0; i < most_blocks.size(); ++i) {
+    if (most_blocks[i].second < 0) continue;
+    int64_t blocks = most_blocks[i].second;
+    for (size_t j = 0; j < most_blocks.size(); ++j)
+      if (j != i) blocks *= std::max(most_blocks[j].first, most_blocks[j].second);
+    out.sources = std::max(out.sources, blocks);
+  }
+  return out;
+}
+
+// What each rank of `want`'s mesh lacks of its block, and from how many source blocks: the
+// busiest rank, the sum over ranks, the most sources. On one mesh by groups of dims or classes of
 // ranks; between meshes sharing no rank by classes of the destination's; else rank by rank.
-template <class Visit>
-void for_each_receiver(const Layout& held, const Layout& want, bool messages, Visit&& visit, bool sample = false) {
+Lacking receivers(const Layout& held, const Layout& want, bool sample = false) {
+  Lacking out;
+  const auto visit = [&](int64_t lacking, int64_t sources, int64_t count) {
+    out.most = std::max(out.most, lacking);
+    out.total += lacking * count;
+    out.sources = std::max(out.sources, sources);
+  };
   const auto sources = [&](const Block& w, const Block& h) {
-    if (!messages) return int64_t{0};
     return sources_overlapping(held, w) - (h.intersect(w).numel() > 0 ? 1 : 0);
   };
   if (held.mesh() == want.mesh()) {
+    if (auto by_groups = lacking_by_groups(held, want)) return *by_groups;
     // Per dim, without building blocks: this runs once per class of ranks, and crossing shard
     // orders make many classes.
+    SourcePieces source_pieces(held, want);
     for_each_rank_class_until(want.mesh(), {&held, &want}, [&](const std::vector<int64_t>& c, int64_t count) {
       int64_t wanted = 1, kept = 1, blocks = 1;
       for (int64_t d = 0; d < want.ndim(); ++d) {
         const Range w = dim_range(want, d, c);
         wanted *= length(w);
         kept *= overlap(dim_range(held, d, c), w);
-        if (messages && blocks > 0) blocks *= length(w) > 0 ? pieces_overlapping(held, d, w.first, w.second).overlapping : 0;
+        if (blocks > 0) blocks *= length(w) > 0 ? source_pieces(d, c, w) : 0;
       }
-      visit(wanted - kept, messages ? blocks - (kept > 0 ? 1 : 0) : 0, count);
+      visit(wanted - kept, blocks - (kept > 0 ? 1 : 0), count);
       return true;
     }, sample);
-    return;
+    if (sample) {
+      // The sample's sum counts a few ranks, not all: but every rank lacks at least its block
+      // less the largest block held, which a search over large tensors needs (that sum is the
+      // tie-break of 16,384 ranks' receives).
+      const int64_t least = std::max<int64_t>(0, smallest_block_numel(want) - held.max_block_numel());
+      out.most = std::max(out.most, least);
+      out.total = std::max(out.total, least * want.mesh().size());
+    }
+    return out;
   }
   bool shared = false;
   for (int r : want.mesh().ranks()) shared = shared || held.mesh().contains(r);
@@ -158,7 +350,7 @@ void for_each_receiver(const Layout& held, const Layout& want, bool messages, Vi
       const Block w = want.block(c);
       visit(w.numel(), sources(w, nothing), count);
     });
-    return;
+    return out;
   }
   // Meshes that share ranks (to_mesh between overlapping meshes): a rank's own block depends on
   // both meshes' rank lists, so each rank counts on its own.
@@ -167,6 +359,7 @@ void for_each_receiver(const Layout& held, const Layout& want, bool messages, Vi
     const Block h = held.mesh().contains(r) ? held.block_of_rank(r) : nothing;
     visit(w.numel() - h.intersect(w).numel(), sources(w, h), 1);
   }
+  return out;
 }
 
 }  // namespace
@@ -254,24 +447,15 @@ PlanStep exchange_step(const Layout& before, const Layout& after) {
   step.before = before;
   step.after = after;
   const int64_t item = itemsize(before.dtype());
-  for_each_receiver(before, after, true, [&](int64_t lacking, int64_t sources, int64_t count) {
-    step.max_received = std::max(step.max_received, lacking * item);
-    step.total_received += lacking * item * count;
-    step.messages = std::max(step.messages, sources);
-  });
+  const Lacking lack = receivers(before, after);
+  step.max_received = lack.most * item;
+  step.total_received = lack.total * item;
+  step.messages = lack.sources;
   step.calls = step.messages > 0 ? 1 : 0;
   return step;
 }
 
-Lacking lacking(const Layout& at, const Layout& dst, bool bound_only) {
-  Lacking out;
-  for_each_receiver(at, dst, true, [&](int64_t lacking, int64_t sources, int64_t count) {
-    out.most = std::max(out.most, lacking);
-    out.total += lacking * count;
-    out.sources = std::max(out.sources, sources);
-  }, bound_only);
-  return out;
-}
+Lacking lacking(const Layout& at, const Layout& dst, bool bound_only) { return receivers(at, dst, bound_only); }
 
 int64_t received_at(const PlanStep& step, const std::vector<int64_t>& c) {
   const int64_t item = itemsize(step.before.dtype());

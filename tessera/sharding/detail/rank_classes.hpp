@@ -32,10 +32,12 @@ void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>&
 /// false then, true when every class was visited. With `sample`, where the mesh dims listed
 /// coordinate by coordinate would make more than 4096 classes, they give four of their
 /// coordinates only (each with count 1): some ranks, not all, so what is found bounds a maximum
-/// (and a sum) from below at a cost independent of those dims' sizes.
+/// (and a sum) from below at a cost independent of those dims' sizes. With `varying` (one flag
+/// per mesh dim), only the flagged mesh dims vary: the others stay at coordinate 0 and count
+/// all their coordinates (for figures that do not depend on them).
 bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
                                const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit,
-                               bool sample = false);
+                               bool sample = false, const std::vector<bool>& varying = {});
 
 /// [begin, end) of tensor dim `dim` held at `coordinate` in `layout` ([0, size) when unsharded).
 std::pair<int64_t, int64_t> dim_range(const Layout& layout, int64_t dim, const std::vector<int64_t>& coordinate);
