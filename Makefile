@@ -57,8 +57,8 @@ SANITIZE_BUILD_TYPE ?= RelWithDebInfo
 # -O1 (what the ASan and TSan docs advise) with line tables only (-g1): every stack frame still
 # names its file and line, and a sanitized build compiles in half the time of -O2 -g.
 SANITIZE_CXX_FLAGS ?= -O1 -g1 -DNDEBUG
-# Under ASan+UBSan the tests' own files are compiled plain (UBSan alone triples a test file's
-# compile time) and linked with the runtimes: the library they call is instrumented, so every
+# Under ASan+UBSan the tests' own files are compiled plain (instrumented, a test file took five
+# times as long: 14 s -> 67-80 s for dtensor_api_test.cpp) and linked with the runtimes: the library they call is instrumented, so every
 # access it makes is checked. TSan instruments them too: a test's rank lambdas run on the
 # threads whose races it looks for.
 SANITIZE_TESTS ?= $(if $(findstring thread,$(TESSERA_SANITIZE)),ON,OFF)

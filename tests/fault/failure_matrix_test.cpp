@@ -1,5 +1,5 @@
 // The failure matrix (issue 13): every fault of fault_program.cpp on every backend (rank threads;
-// mpirun -np 2, 4, 8; 2 and 3 hosts of network namespaces), TESSERA_FAILURE_REPS times each (default 3; the issue's figure uses 20).
+// mpirun -np 2, 4, 8; 3 hosts of network namespaces), TESSERA_FAILURE_REPS times each (default 3; the issue's figure uses 20).
 // Each run must end the whole job with a non-zero exit, within the timeout + 10 s of the fault,
 // with a message naming the faulty rank, and no rank may return from the faulty call. The
 // control (no fault) must succeed. Prints one row per cell: the slowest time from fault to the
@@ -179,11 +179,12 @@ TEST(FailureMatrix, MpirunNp2) { check_matrix("mpi", 2); }
 TEST(FailureMatrix, MpirunNp4) { check_matrix("mpi", 4); }
 TEST(FailureMatrix, MpirunNp8) { check_matrix("mpi", 8); }
 
-// 2 and 3 hosts x 2 ranks over TCP, where this machine can make network namespaces.
+// 3 hosts x 2 ranks over TCP, where this machine can make network namespaces: the faulty rank
+// shares its host with one rank and not with the four others. (2 hosts x 2 ranks added nothing
+// that this layout and the mpirun rows do not cover, for 140 s of CI time.)
 TEST(FailureMatrix, MultiHost) {
   const Outcome can = run({TESSERA_MULTIHOST_SCRIPT, "check"}, {}, 30);
   if (can.exit_code != 0) GTEST_SKIP() << can.output;
-  check_matrix("multi-host", 4);
   check_matrix("multi-host", 6);
 }
 #endif

@@ -48,7 +48,7 @@ TEST(LogicalAxes, ConstraintsByNameFollowTheTaskRules) {
     const DeviceMesh mesh({2, n / 2}, {"dp", "tp"});
     const Tensor x = data({6, 5}, 1), w = data({5, 7}, 2);
     const auto model = [&](const std::vector<DTensor>& in) {
-      const DTensor h = with_sharding_constraint(matmul(in[0], in[1]), {"batch", "mlp"});
+      const DTensor h = mpmd::with_sharding_constraint(matmul(in[0], in[1]), {"batch", "mlp"});
       return std::vector<DTensor>{h};
     };
     const DTensor xd = distribute_tensor(x, mesh, {Replicate{}, Replicate{}});
@@ -65,7 +65,7 @@ TEST(LogicalAxes, ConstraintsByNameFollowTheTaskRules) {
       const LogicalAxes scope(kRules);
       EXPECT_EQ(current_logical_rules().size(), kRules.size());
     }
-    EXPECT_TRUE(sharding_error([&] { with_sharding_constraint(xd, {"batch"}); },
+    EXPECT_TRUE(sharding_error([&] { mpmd::with_sharding_constraint(xd, {"batch"}); },
                                {"[with_sharding_constraint]", "1 logical dim names for", "one per dim"}));
   });
 }

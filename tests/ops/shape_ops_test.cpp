@@ -150,7 +150,7 @@ TEST(Cat, NonContiguousInputs) {
 }
 
 TEST(Cat, ErrorEmptyList) {
-  const std::string msg = value_error_message([] { cat({}); });
+  const std::string msg = value_error_message([] { cat(std::vector<Tensor>{}); });
   EXPECT_TRUE(starts_with(msg, "[cat] expects at least one tensor")) << msg;
 }
 
@@ -223,7 +223,7 @@ TEST(Stack, ErrorUnequalShapes) {
 }
 
 TEST(Stack, ErrorEmptyListAndDim) {
-  const std::string empty = value_error_message([] { stack({}); });
+  const std::string empty = value_error_message([] { stack(std::vector<Tensor>{}); });
   EXPECT_TRUE(starts_with(empty, "[stack] expects at least one tensor")) << empty;
   for (int64_t dim : {3, -4}) {
     const std::string msg = value_error_message([&] { stack({zeros({2, 3}), zeros({2, 3})}, dim); });
