@@ -109,6 +109,14 @@ Plan enumeration_plan(const MeshSpec& mesh, const std::vector<const Layout*>& la
   return plan;
 }
 
+// The coordinates a plan lists one by one (the product of its mode-2 dims' sizes), at most cap + 1.
+int64_t listed(const MeshSpec& mesh, const Plan& plan, int64_t cap) {
+  int64_t count = 1;
+  for (int64_t m = 0; m < mesh.ndim(); ++m)
+    if (plan.mode[static_cast<size_t>(m)] == 2) count = std::min(count * mesh.shape()[m], cap + 1);
+  return count;
+}
+
 // Returns false once visit did (stop).
 bool enumerate(const MeshSpec& mesh, const Plan& plan, size_t at, std::vector<int64_t>& coordinate, int64_t count,
                const std::function<bool(const std::vector<int64_t>&, int64_t)>& visit) {
@@ -165,11 +173,13 @@ bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Lay
   // Sample only where listing every coordinate would cost much: up to a few thousand classes
   // the bounds stay exact, which keeps a search ordered as tightly as exact figures would.
   constexpr int64_t kExactClasses = 4096;
-  int64_t listed = 1;
-  for (int64_t m = 0; m < mesh.ndim(); ++m)
-    if (plan.mode[static_cast<size_t>(m)] == 2) listed = std::min(listed * mesh.shape()[m], kExactClasses + 1);
-  plan.sample = sample && listed > kExactClasses;
+  plan.sample = sample && listed(mesh, plan, kExactClasses) > kExactClasses;
   return enumerate(mesh, plan, 0, coordinate, 1, visit);
+}
+
+int64_t listed_coordinates(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
+                           const std::vector<bool>& varying, int64_t cap) {
+  return listed(mesh, enumeration_plan(mesh, layouts, varying), cap);
 }
 
 void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,

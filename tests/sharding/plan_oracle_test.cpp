@@ -263,20 +263,26 @@ TEST(PlanOracle, SampledBoundsNeverExceedTheExactFiguresOnLargeMeshes) {
       {{Shard{0}, Shard{1}, Shard{0}, Shard{1}}, {Shard{1}, Shard{0}, Shard{1}, Shard{0}}},
       {{Shard{0}, Replicate{}, Shard{1}, Shard{0}}, {Shard{1}, Shard{0}, Replicate{}, Replicate{}}}};
   int64_t sampled_below = 0;
-  for (const Shape& shape : {Shape{1024, 1024}, Shape{1021, 1023}})
-    for (const auto& [from, to] : pairs) {
-      const Layout at(shape, DType::f32, mesh, from), dst(shape, DType::f32, mesh, to);
-      SCOPED_TRACE(at.to_string() + " -> " + dst.to_string());
-      const detail::Lacking exact = detail::lacking(at, dst);
-      const detail::Lacking bound = detail::lacking(at, dst, /*bound_only=*/true);
-      EXPECT_LE(bound.most, exact.most);
-      EXPECT_LE(bound.total, exact.total);
-      EXPECT_LE(bound.sources, exact.sources);
-      // Where blocks held are at most half the blocks wanted, every rank lacks half its block.
-      if (2 * at.max_block_numel() <= dst.max_block_numel() - dst.max_block_numel() / 16) {
-        EXPECT_GE(bound.total, exact.total / 2) << "the sampled sum lost the floor every rank lacks";
-      }
-      sampled_below += bound.total < exact.total;
+  const auto check = [&](const Layout& at, const Layout& dst) {
+    SCOPED_TRACE(at.to_string() + " -> " + dst.to_string());
+    const detail::Lacking exact = detail::lacking(at, dst);
+    const detail::Lacking bound = detail::lacking(at, dst, /*bound_only=*/true);
+    EXPECT_LE(bound.most, exact.most);
+    EXPECT_LE(bound.total, exact.total);
+    EXPECT_LE(bound.sources, exact.sources);
+    // Where blocks held are at most half the blocks wanted, every rank lacks half its block.
+    if (2 * at.max_block_numel() <= dst.max_block_numel() - dst.max_block_numel() / 16) {
+      EXPECT_GE(bound.total, exact.total / 2) << "the sampled sum lost the floor every rank lacks";
     }
+    sampled_below += bound.total < exact.total;
+  };
+  for (const Shape& shape : {Shape{1024, 1024}, Shape{1021, 1023}}) {
+    for (const auto& [from, to] : pairs) check(Layout(shape, DType::f32, mesh, from), Layout(shape, DType::f32, mesh, to));
+    // One dim split by every mesh dim, in opposite orders: joining its pieces would list as many
+    // as there are ranks (the pairs above are priced exactly that way), so these bounds sample.
+    const Placements everywhere{Shard{0}, Shard{0}, Shard{0}, Shard{0}};
+    check(Layout(shape, DType::f32, mesh, everywhere),
+          Layout(shape, DType::f32, mesh, everywhere, ShardOrder{{0, {3, 2, 1, 0}}}));
+  }
   EXPECT_GT(sampled_below, 0) << "the pairs no longer cross enough shard orders to sample";
 }

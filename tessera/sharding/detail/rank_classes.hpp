@@ -39,6 +39,12 @@ bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Lay
                                const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit,
                                bool sample = false, const std::vector<bool>& varying = {});
 
+/// How many coordinates for_each_rank_class_until lists one by one for these arguments (the
+/// product of the sizes of the mesh dims it cannot compress into runs), at most cap + 1: what
+/// visiting the classes costs, without visiting them.
+int64_t listed_coordinates(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
+                           const std::vector<bool>& varying, int64_t cap);
+
 /// [begin, end) of tensor dim `dim` held at `coordinate` in `layout` ([0, size) when unsharded).
 std::pair<int64_t, int64_t> dim_range(const Layout& layout, int64_t dim, const std::vector<int64_t>& coordinate);
 
