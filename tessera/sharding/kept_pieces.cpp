@@ -192,13 +192,22 @@ std::unordered_map<int64_t, int64_t> rows_per_wanted_block(const Keeping& rows, 
 }
 
 // The most that a product over dims of per-wanted-piece values takes at a coordinate outside the
-// rows. Each wanted block stands at `per_block` coordinates, so it has one outside unless that
-// many rows have it (it is full): the answer is the largest product over the blocks not full.
-// Blocks are visited best first (each dim's values sorted, a frontier of index tuples), which
+// rows (`row_values`: the product at each row). Each wanted block stands at `per_block`
+// coordinates, so it has one outside unless that many rows have it (it is full): the answer is
+// the largest product over the blocks not full. Blocks are visited best first (each dim's values sorted, a frontier of index tuples), which
 // pops at most one block more than there are full ones. Some block must not be full.
-int64_t most_outside(const std::vector<std::vector<int64_t>>& values, int64_t per_block,
-                     const std::unordered_map<int64_t, int64_t>& rows_per_block) {
+template <class RowsPerBlock>
+int64_t most_outside(const std::vector<std::vector<int64_t>>& values, int64_t per_block, RowsPerBlock&& rows_per_block,
+                     const std::vector<int64_t>& row_values) {
   const size_t n = values.size();
+  // Most often some coordinate taking the largest product is outside: count them, no sorting.
+  int64_t largest = 1, taking = per_block;
+  for (const auto& v : values) {
+    const int64_t m = *std::max_element(v.begin(), v.end());
+    largest *= m;
+    taking *= std::count(v.begin(), v.end(), m);
+  }
+  if (taking > std::count(row_values.begin(), row_values.end(), largest)) return largest;
   std::vector<std::vector<int64_t>> sorted(n);  // per dim: piece indices by value, largest first
   for (size_t i = 0; i < n; ++i) {
     sorted[i].resize(values[i].size());
@@ -217,6 +226,7 @@ int64_t most_outside(const std::vector<std::vector<int64_t>>& values, int64_t pe
     for (size_t i = 0; i < n; ++i) key = key * static_cast<int64_t>(values[i].size()) + sorted[i][static_cast<size_t>(t[i])];
     return key;
   };
+  const std::unordered_map<int64_t, int64_t>& full = rows_per_block();
   std::priority_queue<std::pair<int64_t, Tuple>> frontier;
   std::set<Tuple> seen;
   frontier.emplace(product(Tuple(n, 0)), Tuple(n, 0));
@@ -224,8 +234,8 @@ int64_t most_outside(const std::vector<std::vector<int64_t>>& values, int64_t pe
   while (!frontier.empty()) {
     auto [value, t] = frontier.top();
     frontier.pop();
-    const auto found = rows_per_block.find(block(t));
-    if (found == rows_per_block.end() || found->second < per_block) return value;
+    const auto found = full.find(block(t));
+    if (found == full.end() || found->second < per_block) return value;
     for (size_t i = 0; i < n; ++i) {
       if (t[i] + 1 >= static_cast<int64_t>(values[i].size())) continue;
       Tuple next = t;
@@ -295,9 +305,13 @@ std::optional<KeptFigures> kept_by_join(const Layout& held, const Layout& want, 
       lengths.push_back(w.length);
       sources.push_back(w.sources);
     }
-    const auto per_block = rows_per_wanted_block(*rows, want, dims);
-    out.most_lacking = std::max(out.most_lacking, most_outside(lengths, free_coordinates, per_block));
-    out.empty_blocks = most_outside(sources, free_coordinates, per_block);
+    std::optional<std::unordered_map<int64_t, int64_t>> rows_per_block;  // counted on first need
+    const auto count_rows = [&]() -> const std::unordered_map<int64_t, int64_t>& {
+      if (!rows_per_block) rows_per_block = rows_per_wanted_block(*rows, want, dims);
+      return *rows_per_block;
+    };
+    out.most_lacking = std::max(out.most_lacking, most_outside(lengths, free_coordinates, count_rows, rows->wanted));
+    out.empty_blocks = most_outside(sources, free_coordinates, count_rows, rows->blocks);
   }
   return out;
 }

@@ -281,14 +281,14 @@ KeptFigures kept_by_classes(const Layout& held, const Layout& want, const std::v
 KeptFigures kept_figures(const Layout& held, const Layout& want, const std::vector<int64_t>& dims,
                          SourcePieces& source_pieces, bool sample) {
   // Up to this many coordinates listing them costs about what joining does. Past it the join may
-  // list up to twice as many pieces and rows as there are coordinates: each costs a few
-  // operations, where visiting a class prices every dim (the crossing pairs of
-  // tessera_plan_scale_bench on 16,384 ranks run 2-5x faster so than by classes).
-  constexpr int64_t kJoinFrom = 64;
+  // list up to twice as many pieces and rows as there are coordinates (each costs a few
+  // operations, where visiting a class prices every dim), and at most kJoinMost: its memory stays
+  // independent of the rank count, as the classes' does.
+  constexpr int64_t kJoinFrom = 64, kJoinMost = 4096;
   const std::vector<bool> mesh_dims = splitting(held, want, dims);
   const int64_t listed = listed_coordinates(want.mesh(), {&held, &want}, mesh_dims, std::numeric_limits<int32_t>::max());
   if (listed > kJoinFrom)
-    if (auto joined = kept_by_join(held, want, dims, /*budget=*/listed * 2)) return *joined;
+    if (auto joined = kept_by_join(held, want, dims, /*budget=*/std::min(listed * 2, kJoinMost))) return *joined;
   return kept_by_classes(held, want, dims, mesh_dims, source_pieces, sample);
 }
 
