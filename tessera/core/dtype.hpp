@@ -82,6 +82,10 @@ TESSERA_FORALL_DTYPES(TESSERA_DTYPE_OF)
 template <class T>
 using compute_t = std::conditional_t<std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>, float, T>;
 
+/// The dtype a floating-point kernel (convolution, attention, fused backward and optimizer steps,
+/// sharded norms) computes in: f64 stays, every other dtype goes through f32.
+constexpr DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+
 template <class T>
 inline constexpr bool is_floating_v =
     std::is_floating_point_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;

@@ -259,7 +259,7 @@ DTensor norm_over_sharded_dims(const char* op, const DTensor& x, int64_t count, 
   std::optional<Affine> b = affine_of(bias, "bias", 2, op, x, split, x_block);
 
   const Tensor& x_local = DTensorAccess::local(x);
-  const DType acc = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const DType acc = compute_dtype(x.dtype());
   int64_t rows = 1, columns = 1;
   for (int64_t d = 0; d < x.ndim(); ++d) (d < split.first ? rows : columns) *= x_block.end[d] - x_block.begin[d];
   const Tensor xr = x_local.detach().to(acc).reshape({rows, columns});

@@ -53,8 +53,6 @@ constexpr int64_t kBatchGrain = 4;
 using detail::gemm;
 using detail::parallel_for;
 
-DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
-
 // The batch dims of a [batch..., L, X] shape.
 Shape batch_of(const Shape& s) {
   Shape b;

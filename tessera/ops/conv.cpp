@@ -63,8 +63,6 @@ std::string text(const std::vector<double>& v) {
   return out + "]";
 }
 
-DType compute_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
-
 // The operand detached, in its compute dtype, contiguous.
 Tensor compute_copy(const Tensor& t) { return t.detach().to(compute_dtype(t.dtype())).contiguous(); }
 

@@ -19,9 +19,6 @@ namespace {
 constexpr int64_t kElementGrain = 1 << 14;
 constexpr int64_t kRowGrain = 64;
 
-// The dtype a kernel computes in: f64 stays, every other floating dtype goes through f32.
-DType compute_dtype(DType d) { return d == DType::f64 ? DType::f64 : DType::f32; }
-
 Tensor as_compute(const Tensor& t) { return t.to(compute_dtype(t.dtype())).contiguous(); }
 
 void check_pair(const char* op, const Tensor& grad, const Tensor& x) {
