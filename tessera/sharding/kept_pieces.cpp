@@ -8,7 +8,6 @@
 #include <unordered_map>
 
 #include <tessera/core/error.hpp>
-#include <tessera/sharding/detail/rank_classes.hpp>
 
 namespace tessera::detail {
 
@@ -197,12 +196,14 @@ std::unordered_map<int64_t, int64_t> rows_per_wanted_block(const Keeping& rows, 
 // the largest product over the blocks not full. Blocks are visited best first (each dim's values sorted, a frontier of index tuples), which
 // pops at most one block more than there are full ones. Some block must not be full.
 template <class RowsPerBlock>
-int64_t most_outside(const std::vector<std::vector<int64_t>>& values, int64_t per_block, RowsPerBlock&& rows_per_block,
-                     const std::vector<int64_t>& row_values) {
-  const size_t n = values.size();
+int64_t most_outside(const std::vector<WantedPieces>& wanted, std::vector<int64_t> WantedPieces::*field, int64_t per_block,
+                     RowsPerBlock&& rows_per_block, const std::vector<int64_t>& row_values) {
+  const size_t n = wanted.size();
+  const auto values = [&](size_t i) -> const std::vector<int64_t>& { return wanted[i].*field; };
   // Most often some coordinate taking the largest product is outside: count them, no sorting.
   int64_t largest = 1, taking = per_block;
-  for (const auto& v : values) {
+  for (size_t i = 0; i < n; ++i) {
+    const std::vector<int64_t>& v = values(i);
     const int64_t m = *std::max_element(v.begin(), v.end());
     largest *= m;
     taking *= std::count(v.begin(), v.end(), m);
@@ -210,20 +211,20 @@ int64_t most_outside(const std::vector<std::vector<int64_t>>& values, int64_t pe
   if (taking > std::count(row_values.begin(), row_values.end(), largest)) return largest;
   std::vector<std::vector<int64_t>> sorted(n);  // per dim: piece indices by value, largest first
   for (size_t i = 0; i < n; ++i) {
-    sorted[i].resize(values[i].size());
+    sorted[i].resize(values(i).size());
     std::iota(sorted[i].begin(), sorted[i].end(), 0);
     std::stable_sort(sorted[i].begin(), sorted[i].end(),
-                     [&](int64_t a, int64_t b) { return values[i][static_cast<size_t>(a)] > values[i][static_cast<size_t>(b)]; });
+                     [&](int64_t a, int64_t b) { return values(i)[static_cast<size_t>(a)] > values(i)[static_cast<size_t>(b)]; });
   }
   using Tuple = std::vector<int64_t>;  // a position in each dim's sorted list
   const auto product = [&](const Tuple& t) {
     int64_t p = 1;
-    for (size_t i = 0; i < n; ++i) p *= values[i][static_cast<size_t>(sorted[i][static_cast<size_t>(t[i])])];
+    for (size_t i = 0; i < n; ++i) p *= values(i)[static_cast<size_t>(sorted[i][static_cast<size_t>(t[i])])];
     return p;
   };
   const auto block = [&](const Tuple& t) {
     int64_t key = 0;
-    for (size_t i = 0; i < n; ++i) key = key * static_cast<int64_t>(values[i].size()) + sorted[i][static_cast<size_t>(t[i])];
+    for (size_t i = 0; i < n; ++i) key = key * static_cast<int64_t>(values(i).size()) + sorted[i][static_cast<size_t>(t[i])];
     return key;
   };
   const std::unordered_map<int64_t, int64_t>& full = rows_per_block();
@@ -237,7 +238,7 @@ int64_t most_outside(const std::vector<std::vector<int64_t>>& values, int64_t pe
     const auto found = full.find(block(t));
     if (found == full.end() || found->second < per_block) return value;
     for (size_t i = 0; i < n; ++i) {
-      if (t[i] + 1 >= static_cast<int64_t>(values[i].size())) continue;
+      if (t[i] + 1 >= static_cast<int64_t>(values(i).size())) continue;
       Tuple next = t;
       ++next[i];
       if (seen.insert(next).second) frontier.emplace(product(next), next);
@@ -300,18 +301,13 @@ std::optional<KeptFigures> kept_by_join(const Layout& held, const Layout& want, 
   }
   if (outside > 0) {
     out.least_kept = 0;
-    std::vector<std::vector<int64_t>> lengths, sources;
-    for (const WantedPieces& w : wanted) {
-      lengths.push_back(w.length);
-      sources.push_back(w.sources);
-    }
     std::optional<std::unordered_map<int64_t, int64_t>> rows_per_block;  // counted on first need
     const auto count_rows = [&]() -> const std::unordered_map<int64_t, int64_t>& {
       if (!rows_per_block) rows_per_block = rows_per_wanted_block(*rows, want, dims);
       return *rows_per_block;
     };
-    out.most_lacking = std::max(out.most_lacking, most_outside(lengths, free_coordinates, count_rows, rows->wanted));
-    out.empty_blocks = most_outside(sources, free_coordinates, count_rows, rows->blocks);
+    out.most_lacking = std::max(out.most_lacking, most_outside(wanted, &WantedPieces::length, free_coordinates, count_rows, rows->wanted));
+    out.empty_blocks = most_outside(wanted, &WantedPieces::sources, free_coordinates, count_rows, rows->blocks);
   }
   return out;
 }
