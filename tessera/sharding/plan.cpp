@@ -241,6 +241,28 @@ ReceiveBound receive_bound(const Layout& src, const Layout& dst, const detail::L
   return {std::max(busiest * item, average), std::max(average * ranks, lack.total * item)};
 }
 
+// What every plan from src to a destination with Partial mesh dims receives at least: a rank's
+// lacking elements, and the combining. Every element has K distinct contributions in src (the
+// product of its Partial mesh dims' sizes) and K' values in dst, whose sum is the element; each
+// value is a sum of some of the contributions (a reduction only adds), so forming them takes at
+// least K - K' receives of the element (each joins two sums), whichever ranks and steps do it.
+// (R, S(0), P, P) -> (R, S(0), R, P) on 2x2x2x2 receives at least 2 N over 16 ranks.
+ReceiveBound partial_destination_bound(const Layout& src, const Layout& dst, const detail::Lacking& lack) {
+  const int64_t item = itemsize(dst.dtype());
+  ReceiveBound out{lack.most * item, lack.total * item};
+  if (!(src.mesh() == dst.mesh())) return out;
+  int64_t contributions = 1, values = 1;
+  for (int64_t m = 0; m < src.mesh().ndim(); ++m) {
+    if (is_partial(src.placements()[static_cast<size_t>(m)])) contributions *= src.mesh().shape()[m];
+    if (is_partial(dst.placements()[static_cast<size_t>(m)])) values *= dst.mesh().shape()[m];
+  }
+  if (contributions <= values) return out;
+  // Per rank the average, rounded down as the steps' per-rank figures are.
+  const int64_t total = (contributions - values) * src.global_shape().numel() * item;
+  const int64_t average = total / src.mesh().size();
+  return {std::max(out.busiest, average), std::max(out.total, average * src.mesh().size())};
+}
+
 // A lower bound on the score of every path the search can take from `at` to `dst`, from four
 // counts no step can avoid:
 // - bytes: plan_lower_bound: what the busiest destination rank lacks (a Partial counts as
@@ -278,9 +300,8 @@ double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& o
   const double classes = 0.25 * (leaves[0] + leaves[1] + leaves[2]);
   const double steps = std::max(0.25, std::min(classes, leaves[2] ? 0.75 : 0.5));
   const int64_t reduce_messages = rounds(reduced_ranks);
-  const int64_t item = itemsize(dst.dtype());
   const ReceiveBound receives =
-      dst.has_partial() ? ReceiveBound{lacking * item, lack.total * item} : receive_bound(at, dst, lack);
+      dst.has_partial() ? partial_destination_bound(at, dst, lack) : receive_bound(at, dst, lack);
   const double bytes = static_cast<double>(receives.busiest);
   // A reduction never brings a rank elements outside its block, so what a rank lacks comes by
   // another step (gather, all_to_all, exchange): its calls and messages come on top.

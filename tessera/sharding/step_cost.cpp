@@ -276,8 +276,10 @@ KeptFigures kept_by_classes(const Layout& held, const Layout& want, const std::v
   return out;
 }
 
-// KeptFigures of `dims`: by joining their overlapping pieces where the classes of ranks would
-// list many coordinates one by one (crossing shard orders), else by visiting the classes.
+// KeptFigures of `dims`: by counting keepers digit by digit where the splits are even and their
+// piece lengths divide one another; by joining their overlapping pieces where the classes of
+// ranks would list many coordinates one by one (crossing shard orders); else by visiting the
+// classes.
 KeptFigures kept_figures(const Layout& held, const Layout& want, const std::vector<int64_t>& dims,
                          SourcePieces& source_pieces, bool sample) {
   // Up to this many coordinates listing them costs about what joining does. Past it the join may
@@ -285,6 +287,7 @@ KeptFigures kept_figures(const Layout& held, const Layout& want, const std::vect
   // operations, where visiting a class prices every dim), and at most kJoinMost: its memory stays
   // independent of the rank count, as the classes' does.
   constexpr int64_t kJoinFrom = 64, kJoinMost = 4096;
+  if (auto counted = kept_by_digits(held, want, dims, /*budget=*/kJoinMost)) return *counted;
   const std::vector<bool> mesh_dims = splitting(held, want, dims);
   const int64_t listed = listed_coordinates(want.mesh(), {&held, &want}, mesh_dims, std::numeric_limits<int32_t>::max());
   if (listed > kJoinFrom)

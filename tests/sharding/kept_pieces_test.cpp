@@ -1,6 +1,7 @@
 // Plans at scale (issue 34): what every rank keeps of its block when a layout becomes another,
-// found by joining each tensor dim's overlapping pieces (detail::kept_by_join) instead of
-// visiting ranks, equals what each rank, visited one by one, keeps: on 1-d to 4-d meshes, uneven
+// found by joining each tensor dim's overlapping pieces (detail::kept_by_join), or for even
+// splits by counting coordinates digit by digit (detail::kept_by_digits), instead of visiting
+// ranks, equals what each rank, visited one by one, keeps: on 1-d to 4-d meshes, uneven
 // shapes, explicit piece sizes and reversed shard orders, over all tensor dims and each alone;
 // and on a 128 x 128 mesh, where crossing shard orders list 16,384 coordinates, the join lists
 // only those that keep something.
@@ -114,6 +115,63 @@ TEST(KeptPieces, JoinEqualsEveryRankOnSmallMeshes) {
   // With no budget it always answers.
   EXPECT_GT(asked, 20000);
   EXPECT_EQ(answered, asked);
+}
+
+// Even splits whose piece lengths divide one another: the keepers counted digit by digit
+// (detail::kept_by_digits) are every rank's figures, over all tensor dims and each alone.
+TEST(KeptPieces, DigitsEqualEveryRankOnSmallMeshes) {
+  const std::vector<Placement> choices{Replicate{}, Shard{0}, Shard{1}};
+  const std::vector<MeshSpec> meshes{MeshSpec(Shape{4}, {"x"}), MeshSpec(Shape{2, 3}, {"a", "b"}),
+                                     MeshSpec(Shape{4, 2}, {"a", "b"}), MeshSpec(Shape{2, 2, 3}, {"a", "b", "c"}),
+                                     MeshSpec(Shape{2, 1, 3, 2}, {"a", "b", "c", "d"})};
+  int64_t asked = 0, answered = 0;
+  for (const MeshSpec& mesh : meshes)
+    for (const Shape& shape : {Shape{24, 12}, Shape{36, 8}, Shape{7, 5}}) {
+      const auto layouts = sweep(mesh, shape, choices);
+      for (const Layout& held : layouts)
+        for (const Layout& want : layouts)
+          for (const std::vector<int64_t>& dims : {std::vector<int64_t>{0, 1}, {0}, {1}}) {
+            SCOPED_TRACE(held.to_string() + " -> " + want.to_string() + " over " + std::to_string(dims.size()) +
+                         " dims from " + std::to_string(dims[0]));
+            ++asked;
+            const auto counted = detail::kept_by_digits(held, want, dims, std::numeric_limits<int32_t>::max());
+            if (!counted) continue;
+            ++answered;
+            expect_equal(*counted, every_rank(held, want, dims));
+            if (::testing::Test::HasFailure()) return;
+          }
+    }
+  // Uneven shapes, explicit sizes and lengths that do not divide each other are declined.
+  EXPECT_GT(answered, asked / 4) << answered << " of " << asked;
+  EXPECT_LT(answered, asked);
+}
+
+// A dim split by every mesh dim in one order, from layouts that split it (and the other dim) by
+// some of them in other orders: the count visits a few digits per mesh dim, not one per rank
+// (the same budget on 1,024 and 16,384 ranks), and equals every rank's figures; an exchange
+// priced through it too.
+TEST(KeptPieces, DigitsCountTheKeepersOfThousandsOfRanksWithinASmallBudget) {
+  for (const MeshSpec& mesh : {MeshSpec(Shape{8, 4, 4, 8}, {"a", "b", "c", "d"}), MeshSpec(Shape{16, 8, 8, 16}, {"a", "b", "c", "d"})}) {
+    const Shape shape{16384, 16384};
+    const Layout want(shape, DType::f32, mesh, {Shard{0}, Shard{0}, Shard{0}, Shard{0}});
+    const std::vector<Layout> helds = {
+        Layout(shape, DType::f32, mesh, {Replicate{}, Shard{0}, Replicate{}, Replicate{}}),
+        Layout(shape, DType::f32, mesh, {Shard{0}, Shard{0}, Shard{0}, Shard{0}}, ShardOrder{{0, {1, 0, 3, 2}}}),
+        Layout(shape, DType::f32, mesh, {Shard{0}, Shard{0}, Shard{1}, Shard{1}}, ShardOrder{{0, {1, 0}}, {1, {3, 2}}}),
+        Layout(shape, DType::f32, mesh, {Shard{1}, Shard{1}, Shard{1}, Shard{1}}, ShardOrder{{1, {0, 3, 2, 1}}})};
+    for (const Layout& held : helds) {
+      SCOPED_TRACE(held.to_string() + " -> " + want.to_string());
+      const auto counted = detail::kept_by_digits(held, want, {0, 1}, /*budget=*/256);
+      ASSERT_TRUE(counted.has_value());
+      if (mesh.size() > 1024) continue;  // the oracle visits every rank and every held piece
+      const KeptFigures oracle = every_rank(held, want, {0, 1}, /*by_dims=*/true);
+      expect_equal(*counted, oracle);
+      const PlanStep step = detail::exchange_step(held, want);
+      EXPECT_EQ(step.max_received, oracle.most_lacking * 4);
+      EXPECT_EQ(step.total_received, (oracle.wanted_sum - oracle.kept_sum) * 4);
+      EXPECT_EQ(step.messages, std::max<int64_t>({0, oracle.keeping_blocks - 1, oracle.empty_blocks}));
+    }
+  }
 }
 
 TEST(KeptPieces, CrossingShardOrdersOn16384RanksListOnlyTheKeepers) {

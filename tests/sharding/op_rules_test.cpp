@@ -151,6 +151,42 @@ TEST(OpRules, TheBoundedSearchChoosesWhatPricingEveryStrategyChooses) {
   EXPECT_LT(planned_bounded * 5, planned_all) << planned_bounded << " plans with the bound, " << planned_all << " without";
 }
 
+// Plans at scale (issue 34): adding a Partial on a 4-d mesh proposes about a hundred strategies,
+// most of which reduce one Partial mesh dim and keep the other. The bound counts what combining
+// the contributions of every element takes (K contributions into K' values: K - K' receives of
+// it), so the dispatcher plans a few of them, and still chooses what pricing all of them does.
+TEST(OpRules, APartialAddOnA4dMeshPlansAFewStrategies) {
+  RuleRegistry registry;
+  register_builtin_rules(registry);
+  PlanOptions options;
+  options.allow_partial_destination = true;
+  const MeshSpec mesh(Shape{2, 2, 2, 2}, {"a", "b", "c", "d"});
+  const Layout x = on(mesh, {2048, 1024}, {Shard{0}, Replicate{}, Shard{1}, Shard{0}});
+  const Layout y = on(mesh, {2048, 1024}, {Replicate{}, Shard{0}, Partial{}, Partial{}});
+  const std::vector<const Layout*> inputs{&x, &y};
+  const auto proposals = (*registry.rule(registry.id("add")))(inputs, ElementwiseArgs{});
+  int64_t planned_all = 0, planned_bounded = 0;
+  const auto counted = [&](int64_t& counter) {
+    return [&counter, options](const Layout& from, const Layout& to) {
+      ++counter;
+      return plan(from, to, options).cost;
+    };
+  };
+  const auto bound = [&](const Layout& from, const Layout& to) { return plan_cost_lower_bound(from, to, options); };
+  const size_t every = cheapest_proposal(proposals, inputs, counted(planned_all), "add");
+  const size_t bounded = cheapest_proposal(proposals, inputs, counted(planned_bounded), "add", bound);
+  EXPECT_EQ(bounded, every) << proposals[bounded].output.to_string() << " instead of " << proposals[every].output.to_string();
+  EXPECT_GT(proposals.size(), 60u);
+  EXPECT_LE(planned_bounded, 4) << planned_bounded << " plans with the bound, " << planned_all << " without";
+  // Reducing one of two Partial mesh dims combines two contributions of every element into one:
+  // N elements over 16 ranks, whatever else the plan does.
+  const Layout reduced = on(mesh, {2048, 1024}, {Replicate{}, Shard{0}, Replicate{}, Partial{}});
+  PlanOptions bytes = options;
+  bytes.cost = CostModel::bytes_only();
+  EXPECT_GE(plan_cost_lower_bound(y, reduced, bytes), 2048.0 * 1024 * 4 * (4 - 2) / 16);
+  EXPECT_LE(plan_cost_lower_bound(y, reduced, bytes), plan(y, reduced, bytes).cost);
+}
+
 // Issue 12 item 13: factor_proposals drops, per mesh dim, the linearity rows whose Partial inputs
 // hold no such Partial there (dominated by the all-Replicate row). The choice over the remaining
 // strategies must be the choice over all of them, at the same cost, for every op and input.

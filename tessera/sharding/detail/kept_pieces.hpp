@@ -39,5 +39,14 @@ struct KeptFigures {
 std::optional<KeptFigures> kept_by_join(const Layout& held, const Layout& want, const std::vector<int64_t>& dims,
                                         int64_t budget);
 
+/// KeptFigures where every tensor dim of `dims` split in either layout is split evenly in both,
+/// into pieces one of whose lengths is a multiple of the other's (the others whole): a rank then
+/// keeps its smaller piece or nothing, and the keepers are counted digit by digit over the mesh
+/// dims (a rank's held and wanted pieces start at sums over its coordinates), visiting only the
+/// digits that straddle the keeping interval's ends: a few per mesh dim, not one per rank.
+/// nullopt otherwise, or past `budget` visits. Layouts on one mesh.
+std::optional<KeptFigures> kept_by_digits(const Layout& held, const Layout& want, const std::vector<int64_t>& dims,
+                                          int64_t budget);
+
 }  // namespace detail
 }  // namespace tessera
