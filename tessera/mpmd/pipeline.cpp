@@ -18,6 +18,7 @@
 #include <tessera/mpmd/microbatch.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/block_exchange.hpp>
+#include <tessera/sharding/mesh_move.hpp>
 
 namespace tessera::mpmd {
 
@@ -45,23 +46,6 @@ double seconds_since(Clock::time_point start) {
   if (dynamic_cast<const CommError*>(&e)) throw CommError(message);
   if (dynamic_cast<const InternalError*>(&e)) throw InternalError(message);
   throw Error(message);
-}
-
-// Where an activation of one stage lands on the next stage's mesh: the same layout where the
-// meshes have one shape; otherwise each mesh dim of the destination takes the placement of the
-// source's mesh dim of the same name (Replicate where there is none).
-Layout arriving_layout(const Layout& src, const MeshSpec& dst) {
-  const MeshSpec& from = src.mesh();
-  if (from.shape() == dst.shape())
-    return Layout(src.global_shape(), src.dtype(), dst, src.placements(), src.shard_orders(), src.explicit_sizes());
-  Placements placements(static_cast<size_t>(dst.ndim()), Replicate{});
-  for (int64_t m = 0; m < dst.ndim(); ++m) {
-    const auto& names = from.names();
-    const auto it = std::find(names.begin(), names.end(), dst.names()[static_cast<size_t>(m)]);
-    if (it != names.end() && is_shard(src.placements()[static_cast<size_t>(it - names.begin())]))
-      placements[static_cast<size_t>(m)] = src.placements()[static_cast<size_t>(it - names.begin())];
-  }
-  return Layout(src.global_shape(), src.dtype(), dst, placements);
 }
 
 // The part of a rank's block (of `layout`, at `coordinate`) that a transfer's box covers.
@@ -310,7 +294,7 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
         const auto layout_end = words.begin() + 1 + words.front();
         const Layout from = detail::decode_layout(std::vector<int64_t>(words.begin() + 1, layout_end), previous);
         input_pieces.assign(layout_end, words.end());
-        const Layout to = arriving_layout(from, spec);
+        const Layout to = layout_on_mesh(from, spec);
         x = DTensor(receive_pieces(from, to, tag(c - 1, n, i, kActivation)), mesh, to);
         source_layouts[static_cast<size_t>(c)][static_cast<size_t>(i)] = from;
         if (is_floating(x.dtype())) x.requires_grad_();
@@ -345,7 +329,7 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
         outbox.back().keep_alive(header);
         stats_.bytes_sent += static_cast<int64_t>(1 + header->size()) * 8;
       }
-      send_pieces(y.to_local(), y.layout(), arriving_layout(y.layout(), next), tag(c, n, i, kActivation));
+      send_pieces(y.to_local(), y.layout(), layout_on_mesh(y.layout(), next), tag(c, n, i, kActivation));
       produced[static_cast<size_t>(c)][static_cast<size_t>(i)] = y;
     };
     const auto backward = [&](int64_t c, int64_t i) {
@@ -354,7 +338,7 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
         y.backward();
       } else {
         // The gradient comes back the way the activation went, block pieces in reverse.
-        const Layout there = arriving_layout(y.layout(), mesh_of(c + 1));
+        const Layout there = layout_on_mesh(y.layout(), mesh_of(c + 1));
         y.backward(DTensor(receive_pieces(there, y.layout(), tag(c, n, i, kGradient)), mesh, y.layout()));
       }
       DTensor& x = received[static_cast<size_t>(c)][static_cast<size_t>(i)];

@@ -9,6 +9,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/mpmd/detail/layout_wire.hpp>
 #include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/mesh_move.hpp>
 
 namespace tessera::mpmd {
 
@@ -70,9 +71,7 @@ DTensor to_mesh(const DTensor& x, const DeviceMesh& mesh) {
   if (x.layout().mesh() == mesh.spec()) return x;
   // A Partial is reduced where its partial values are (a no-op without one), then moved as values.
   const DTensor values = x.redistribute(x.device_mesh(), gradient_layout(x.layout()));
-  Placements placements = values.placements();
-  if (static_cast<int64_t>(placements.size()) != mesh.ndim()) placements.assign(static_cast<size_t>(mesh.ndim()), Replicate{});
-  return values.redistribute(mesh, placements);
+  return values.redistribute(mesh, layout_on_mesh(values.layout(), mesh.spec()));
 }
 
 Task::Task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules)
