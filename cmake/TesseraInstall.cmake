@@ -5,9 +5,10 @@ install(TARGETS tessera EXPORT TesseraTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-# Public headers only: detail/ folders are internal and not installed.
+# Public headers only: detail/ (one layer's own) and internal/ (a layer's interface to the later
+# layers of the library) folders are not installed.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/tessera DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
-  FILES_MATCHING PATTERN "*.hpp" PATTERN "detail" EXCLUDE)
+  FILES_MATCHING PATTERN "*.hpp" PATTERN "detail" EXCLUDE PATTERN "internal" EXCLUDE)
 install(EXPORT TesseraTargets NAMESPACE tessera:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/Tessera)
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/TesseraConfig.cmake.in

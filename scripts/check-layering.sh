@@ -2,7 +2,8 @@
 # Layering (DESIGN.md §1), checked two ways:
 #  1. includes: a header or source of a layer includes only its own layer and the layers above it;
 #     the sharding layer is pure (no comm, runtime, dtensor or DeviceMesh); no public header
-#     includes a detail/ header;
+#     includes a detail/ or internal/ header; no layer includes another layer's detail/ headers (what
+#     later layers need beyond a layer's public headers is in its internal/ folder);
 #  2. definitions: a layer's object files use no symbol that only a later layer defines (a
 #     declaration in core defined in ops passes the include check but not this one).
 # Usage: scripts/check-layering.sh              includes only
@@ -29,13 +30,26 @@ if hits=$(grep -rnE '#include *[<"]tessera/(comm|runtime|dtensor|autograd|nn)/|#
   status=1
 fi
 
-# Installed headers are the public ones: none may include an internal detail/ header (detail/
+# Installed headers are the public ones: none may include an internal/ or detail/ header (those
 # folders are not installed; make consumer would fail to compile).
-if hits=$(grep -rnE '#include *[<"]tessera/([a-z_]+/)+detail/' tessera --include='*.hpp' | grep -v '/detail/[^:]*:'); then
-  echo "public headers include detail/ headers (not installed):" >&2
+if hits=$(grep -rnE '#include *[<"]tessera/([a-z_]+/)+(detail|internal)/' tessera --include='*.hpp' |
+          grep -vE '/(detail|internal)/[^:]*:'); then
+  echo "public headers include detail/ or internal/ headers (not installed):" >&2
   echo "$hits" >&2
   status=1
 fi
+
+# A layer's detail/ headers are its own. What a later layer of the library needs from it beyond
+# its public headers is declared in its internal/ folder (not installed either), so that
+# changing a detail/ header touches one layer only.
+for layer in "${order[@]}"; do
+  if hits=$(grep -rnE '#include *[<"]tessera/[a-z_]+/([a-z_]+/)*detail/' "tessera/$layer" |
+            grep -vE "#include *[<\"]tessera/$layer/"); then
+    echo "layer $layer includes another layer's detail/ headers (move what it needs to internal/):" >&2
+    echo "$hits" >&2
+    status=1
+  fi
+done
 
 objects="$build/CMakeFiles/tessera.dir/tessera"
 # The object files of the current sources only (a removed source leaves its stale object behind).

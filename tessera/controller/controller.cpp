@@ -16,9 +16,9 @@
 #include <tessera/controller/detail/command.hpp>
 #include <tessera/controller/detail/wire.hpp>
 #include <tessera/mesh/device_mesh.hpp>
-#include <tessera/mpmd/detail/layout_wire.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/layout_words.hpp>
 
 namespace tessera::controller {
 
@@ -102,7 +102,7 @@ void expect_reply(ControllerState& state, const std::shared_ptr<FutureState<T>>&
       if (t.numel() > 0) wait_polling(comm.irecv(t.raw_data(), t.numel(), t.dtype(), worker, tag));
       f.set(std::move(t));
     } else {
-      f.set(mpmd::detail::decode_layout(reply.layout_words, mesh));
+      f.set(WordReader(reply.layout_words, "controller").layout(mesh));
     }
   };
   // Kept (even when the caller drops the future) until received: a worker cannot end with its

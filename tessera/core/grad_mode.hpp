@@ -2,7 +2,7 @@
 // What a tensor carries for reverse-mode autograd, and whether recording is on: the state the
 // core layer needs. The graph, the recording helpers and the backward pass are the grad layer
 // (grad/engine.hpp), above core; the derivatives of the ops are the ops layer's
-// (ops/detail/derivatives.hpp). As in PyTorch, where GradMode and the AutogradMeta interface
+// (ops/internal/derivatives.hpp). As in PyTorch, where GradMode and the AutogradMeta interface
 // live in c10 and the engine in torch/csrc/autograd.
 #include <any>
 #include <functional>

@@ -2,7 +2,7 @@
 // tensor_factories.cpp, printing in tensor_print.cpp.
 #include <tessera/core/tensor.hpp>
 
-#include <tessera/core/detail/tensor_raw.hpp>
+#include <tessera/core/internal/tensor_raw.hpp>
 
 #include <algorithm>
 #include <numeric>
@@ -131,7 +131,7 @@ Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t of
   return Tensor(storage_, shape, strides, offset, dtype_);
 }
 
-// The raw views (core/detail/tensor_raw.hpp): validation and the new (shape, strides, offset).
+// The raw views (core/internal/tensor_raw.hpp): validation and the new (shape, strides, offset).
 // The Tensor members that users call add autograd recording on top (ops/tensor_autograd.cpp).
 namespace detail {
 

@@ -2,10 +2,10 @@
 #include <cstring>
 #include <utility>
 
-#include <tessera/core/detail/strided_loop.hpp>
+#include <tessera/core/internal/strided_loop.hpp>
 #include <tessera/core/tensor.hpp>
 
-#include <tessera/core/detail/tensor_raw.hpp>
+#include <tessera/core/internal/tensor_raw.hpp>
 
 namespace tessera {
 

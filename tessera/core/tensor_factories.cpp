@@ -3,10 +3,10 @@
 #include <cmath>
 #include <cstring>
 
-#include <tessera/core/detail/strided_loop.hpp>
+#include <tessera/core/internal/strided_loop.hpp>
 #include <tessera/core/tensor.hpp>
 
-#include <tessera/core/detail/tensor_raw.hpp>
+#include <tessera/core/internal/tensor_raw.hpp>
 
 namespace tessera {
 

@@ -7,7 +7,7 @@
 
 #include <tessera/core/tensor.hpp>
 
-#include <tessera/core/detail/tensor_raw.hpp>
+#include <tessera/core/internal/tensor_raw.hpp>
 
 namespace tessera {
 

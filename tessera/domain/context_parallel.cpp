@@ -7,7 +7,7 @@
 #include <string>
 
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/detail/ring_attention.hpp>
+#include <tessera/dtensor/internal/ring_attention.hpp>
 #include <tessera/dtensor/ops.hpp>
 
 namespace tessera {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/detail/row_exchange.hpp>
+#include <tessera/dtensor/internal/row_exchange.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera {

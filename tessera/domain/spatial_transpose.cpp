@@ -9,7 +9,7 @@
 
 #include <tessera/core/error.hpp>
 #include <tessera/domain/detail/spatial_args.hpp>
-#include <tessera/dtensor/detail/row_exchange.hpp>
+#include <tessera/dtensor/internal/row_exchange.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/conv.hpp>
 #include <tessera/ops/elementwise.hpp>

@@ -7,7 +7,7 @@
 
 #include <tessera/core/error.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>
-#include <tessera/dtensor/detail/mesh_io.hpp>
+#include <tessera/dtensor/internal/mesh_io.hpp>
 #include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/runtime/runtime.hpp>
 

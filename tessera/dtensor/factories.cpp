@@ -1,6 +1,6 @@
 // distribute_tensor and the DTensor factories: each rank builds or receives only its block.
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/detail/mesh_io.hpp>
+#include <tessera/dtensor/internal/mesh_io.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/ops/random.hpp>

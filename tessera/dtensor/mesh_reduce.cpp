@@ -2,7 +2,7 @@
 // values to combine) and fetch_shard. Both lower to the planner: reduce reinterprets the locals as
 // Partial (or stacks them into a new leading dim) and redistributes.
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/detail/mesh_io.hpp>
+#include <tessera/dtensor/internal/mesh_io.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/runtime/runtime.hpp>

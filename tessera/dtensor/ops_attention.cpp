@@ -6,10 +6,10 @@
 // q's rows are sharded they are P(sum) over those mesh dims.
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
-#include <tessera/dtensor/detail/ring_attention.hpp>
+#include <tessera/dtensor/internal/ring_attention.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/grad/engine.hpp>
-#include <tessera/ops/detail/attention_kernel.hpp>
+#include <tessera/ops/internal/attention_kernel.hpp>
 
 namespace tessera {
 

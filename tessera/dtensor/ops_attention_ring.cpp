@@ -6,7 +6,7 @@
 // their log-sum-exp (online softmax). The backward goes around the same ring: each block's dk/dv
 // travel with it and arrive home after a full turn. No rank ever holds more than its own rows
 // and one visiting block: the sequence is never gathered.
-#include <tessera/dtensor/detail/ring_attention.hpp>
+#include <tessera/dtensor/internal/ring_attention.hpp>
 
 #include <cmath>
 #include <limits>
@@ -15,7 +15,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/dispatch.hpp>
 #include <tessera/grad/engine.hpp>
-#include <tessera/ops/detail/attention_kernel.hpp>
+#include <tessera/ops/internal/attention_kernel.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/shape_ops.hpp>
 

@@ -4,7 +4,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 
 namespace tessera {

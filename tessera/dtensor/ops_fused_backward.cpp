@@ -1,7 +1,7 @@
 // The fused backward kernels on DTensors: each rank runs the Tensor kernel on its block, once
 // the operands share a layout in which every block is self-contained.
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/fused_backward.hpp>
 
 namespace tessera {

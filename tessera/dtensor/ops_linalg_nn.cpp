@@ -2,12 +2,12 @@
 #include <algorithm>
 
 #include <tessera/core/error.hpp>
-#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/internal/composites.hpp>
 #include <tessera/dtensor/detail/norm_sharded.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
-#include <tessera/ops/detail/einsum_diagonals.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
+#include <tessera/ops/internal/einsum_diagonals.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/fused_backward.hpp>
 #include <tessera/ops/linalg.hpp>

@@ -4,10 +4,10 @@
 #include <limits>
 
 #include <tessera/core/error.hpp>
-#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/internal/composites.hpp>
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/reduce.hpp>
 

@@ -8,7 +8,7 @@
 #include <tessera/dtensor/detail/dispatch.hpp>
 #include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/indexing.hpp>
 #include <tessera/ops/reduce.hpp>

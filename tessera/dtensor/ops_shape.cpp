@@ -6,7 +6,7 @@
 #include <tessera/dtensor/detail/op_call.hpp>
 #include <tessera/dtensor/detail/sharded_shape.hpp>
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/shape_ops.hpp>
 
 namespace tessera {

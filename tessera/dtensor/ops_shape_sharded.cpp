@@ -1,6 +1,6 @@
 // pad and roll along sharded dims, without gathering them: each piece's output rows are, from
 // the layout alone, a list of runs of global input rows (or of the pad's fill), and the row
-// exchange (detail/row_exchange.hpp) moves only the rows that change piece. pad grows the first
+// exchange (internal/row_exchange.hpp) moves only the rows that change piece. pad grows the first
 // and the last piece (explicit piece sizes; a crop shrinks them); roll keeps the layout. Both are
 // differentiable through the exchange (the backward sends the gradients of the moved rows back).
 #include <tessera/dtensor/detail/sharded_shape.hpp>
@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/detail/row_exchange.hpp>
+#include <tessera/dtensor/internal/row_exchange.hpp>
 #include <tessera/ops/shape_ops.hpp>
 #include <tessera/runtime/runtime.hpp>
 

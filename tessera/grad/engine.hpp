@@ -2,7 +2,7 @@
 // The reverse-mode autograd graph, shared by Tensor and DTensor (docs/architecture.md: the layers). The graph is
 // type-erased so that this layer names neither type's ops: a node maps the gradient of its output
 // (a Tensor or a DTensor, held in std::any) to the gradients of its inputs, and each op's
-// derivative lives next to the op (ops/detail/derivatives.hpp), written once for both types.
+// derivative lives next to the op (ops/internal/derivatives.hpp), written once for both types.
 //
 // Recording costs one thread-local flag test and one pointer test per input when nothing
 // requires a gradient, so the dispatch hot path is unchanged.

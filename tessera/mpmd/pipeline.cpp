@@ -14,10 +14,10 @@
 #include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/mpmd/detail/layout_wire.hpp>
 #include <tessera/mpmd/microbatch.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/block_exchange.hpp>
+#include <tessera/sharding/layout_words.hpp>
 #include <tessera/sharding/mesh_move.hpp>
 
 namespace tessera::mpmd {
@@ -292,7 +292,7 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
         stats_.bytes_received += (1 + length) * 8;
         // [layout length, layout words, the input's batch pieces]
         const auto layout_end = words.begin() + 1 + words.front();
-        const Layout from = detail::decode_layout(std::vector<int64_t>(words.begin() + 1, layout_end), previous);
+        const Layout from = WordReader(std::vector<int64_t>(words.begin() + 1, layout_end), "stage boundary").layout(previous);
         input_pieces.assign(layout_end, words.end());
         const Layout to = layout_on_mesh(from, spec);
         x = DTensor(receive_pieces(from, to, tag(c - 1, n, i, kActivation)), mesh, to);
@@ -315,9 +315,9 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
       // A Partial activation is reduced on this stage first: blocks of values cross the boundary.
       y = y.redistribute(mesh, gradient_layout(y.layout()));  // no-op without a Partial
       const MeshSpec& next = mesh_of(c + 1);
-      const std::vector<int64_t> layout_words = detail::encode_layout(y.layout());
-      auto header = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(layout_words.size()));
-      header->insert(header->end(), layout_words.begin(), layout_words.end());
+      const std::vector<int64_t> layout = layout_words(y.layout());
+      auto header = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(layout.size()));
+      header->insert(header->end(), layout.begin(), layout.end());
       header->insert(header->end(), input_pieces.begin(), input_pieces.end());
       auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(header->size()));
       for (size_t j = index; j < next.ranks().size(); j += spec.ranks().size()) {

@@ -7,8 +7,8 @@
 
 #include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
-#include <tessera/mpmd/detail/layout_wire.hpp>
 #include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/layout_words.hpp>
 #include <tessera/sharding/mesh_move.hpp>
 
 namespace tessera::mpmd {
@@ -107,7 +107,7 @@ TaskFuture Task::launch(const std::vector<DTensor>& inputs) const {
   // length and words. The sends stay in flight (never waited here), so the leader goes on.
   auto message = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(future.outputs_.size()));
   for (const DTensor& y : future.outputs_) {
-    const std::vector<int64_t> words = detail::encode_layout(y.layout());
+    const std::vector<int64_t> words = layout_words(y.layout());
     message->push_back(static_cast<int64_t>(words.size()));
     message->insert(message->end(), words.begin(), words.end());
   }
@@ -137,7 +137,7 @@ std::vector<DTensor> TaskFuture::get() {
     const std::vector<int64_t> words(message.begin() + static_cast<std::ptrdiff_t>(at),
                                      message.begin() + static_cast<std::ptrdiff_t>(at + words_length));
     at += words_length;
-    outputs_.push_back(DTensor(Tensor(), mesh_, detail::decode_layout(words, mesh_.spec())));
+    outputs_.push_back(DTensor(Tensor(), mesh_, WordReader(words, "task").layout(mesh_.spec())));
   }
   resolved_ = true;
   return outputs_;

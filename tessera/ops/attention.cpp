@@ -33,7 +33,7 @@
 #include <tessera/grad/engine.hpp>
 #include <tessera/ops/detail/gemm.hpp>
 #include <tessera/ops/detail/parallel.hpp>
-#include <tessera/ops/detail/attention_kernel.hpp>
+#include <tessera/ops/internal/attention_kernel.hpp>
 #include <tessera/ops/detail/vector_math.hpp>
 #include <tessera/ops/shape_ops.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>

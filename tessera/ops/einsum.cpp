@@ -1,5 +1,5 @@
 // einsum: letters are checked once (parse_einsum, shared with the DTensor op; "..." becomes
-// letters there), diagonals are taken (detail/einsum_diagonals.hpp), then operands are contracted
+// letters there), diagonals are taken (internal/einsum_diagonals.hpp), then operands are contracted
 // pairwise: each pair becomes one bmm of [batch, kept-left, contracted] by
 // [batch, contracted, kept-right], with letters nobody needs later summed out first.
 #include <tessera/ops/einsum.hpp>
@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <map>
 
-#include <tessera/ops/detail/derivatives.hpp>
-#include <tessera/ops/detail/einsum_diagonals.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
+#include <tessera/ops/internal/einsum_diagonals.hpp>
 #include <tessera/ops/linalg.hpp>
 #include <tessera/ops/reduce.hpp>
 #include <tessera/ops/shape_ops.hpp>

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <type_traits>
 
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/detail/elementwise_kernels.hpp>
 #include <tessera/ops/reduce.hpp>
 #include <tessera/ops/shape_ops.hpp>

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 
 namespace tessera {

@@ -2,7 +2,7 @@
 // operands instead of being copied; only views BLAS cannot describe are made contiguous.
 #include <tessera/ops/linalg.hpp>
 
-#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/internal/composites.hpp>
 #include <tessera/ops/detail/gemm.hpp>
 
 #include <cblas.h>
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <mutex>
 
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/reduce.hpp>
 #include <tessera/ops/shape_ops.hpp>

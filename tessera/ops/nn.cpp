@@ -7,7 +7,7 @@
 // transposed copy is needed. Values are computed in compute_t<T> and stored back as T.
 #include <tessera/ops/nn.hpp>
 
-#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/internal/composites.hpp>
 #include <tessera/ops/indexing.hpp>
 
 #include <algorithm>
@@ -20,7 +20,7 @@
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/ops/detail/class_targets.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/detail/vector_math.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/fused_backward.hpp>

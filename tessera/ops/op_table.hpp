@@ -5,7 +5,7 @@
 // Each family is an X-macro list. A row of the elementwise families generates the Tensor
 // declaration and definition (ops/elementwise.*), the DTensor overloads (dtensor/ops*), the
 // sharding rule (sharding/op_rules.cpp, from the linearity column) and the derivative
-// (ops/detail/derivatives.hpp, from the formula columns). Adding an elementwise op is one row
+// (ops/internal/derivatives.hpp, from the formula columns). Adding an elementwise op is one row
 // here plus its kernel functor in ops/detail/elementwise_kernels.hpp (named like the op, in
 // namespace tessera::kernels) and its test; docs/architecture.md walks through it.
 //

@@ -44,7 +44,7 @@
 #include <limits>
 #include <numbers>
 
-#include <tessera/core/detail/strided_loop.hpp>
+#include <tessera/core/internal/strided_loop.hpp>
 #include <tessera/ops/elementwise.hpp>
 
 namespace tessera {

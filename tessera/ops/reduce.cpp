@@ -3,7 +3,7 @@
 // with the input by strided_loop. A run along a reduced dim folds into one accumulator; a run
 // along a kept dim updates a row of accumulators; both inner loops vectorise.
 #include <tessera/ops/reduce.hpp>
-#include <tessera/ops/detail/composites.hpp>
+#include <tessera/ops/internal/composites.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -11,8 +11,8 @@
 #include <type_traits>
 #include <vector>
 
-#include <tessera/core/detail/strided_loop.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/core/internal/strided_loop.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/shape_ops.hpp>
 

@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include <tessera/core/detail/tensor_raw.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/core/internal/tensor_raw.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 #include <tessera/ops/reduce.hpp>
 

@@ -1,11 +1,11 @@
 // Tensor's autograd surface: leaves, grad(), backward(), detach(), and the Tensor members that
 // record a derivative: the views and copies, which are the raw views of the core layer
-// (core/detail/tensor_raw.hpp) plus their derivatives. They live here, in the layer that owns the
+// (core/internal/tensor_raw.hpp) plus their derivatives. They live here, in the layer that owns the
 // derivatives and the gradient arithmetic, so that core links without the layers above it.
 #include <tessera/core/tensor.hpp>
 
-#include <tessera/core/detail/tensor_raw.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/core/internal/tensor_raw.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/elementwise.hpp>
 
 namespace tessera {

@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/detail/mesh_io.hpp>
+#include <tessera/dtensor/internal/mesh_io.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/spec/detail/manual_blocks.hpp>
 

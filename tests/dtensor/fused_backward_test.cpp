@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <tessera/dtensor/ops.hpp>
-#include <tessera/ops/detail/derivatives.hpp>
+#include <tessera/ops/internal/derivatives.hpp>
 #include <tessera/ops/fused_backward.hpp>
 #include <tessera/ops/ops.hpp>
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include <tessera/core/error.hpp>
+#include <tessera/sharding/layout_words.hpp>
 
 namespace tessera::controller::detail {
 
@@ -32,14 +33,7 @@ class Writer {
     put(static_cast<int64_t>(v.size()));
     for (double d : v) put(d);
   }
-  void put(const Placements& placements) {
-    put(static_cast<int64_t>(placements.size()));
-    for (const Placement& p : placements) {
-      if (const auto* s = std::get_if<Shard>(&p)) put(int64_t{0}), put(s->dim);
-      else if (const auto* q = std::get_if<Partial>(&p)) put(int64_t{2}), put(static_cast<int64_t>(q->op));
-      else put(int64_t{1}), put(int64_t{0});
-    }
-  }
+  void put(const Placements& placements) { append_placement_words(placements, words_); }
   std::vector<int64_t> take() { return std::move(words_); }
 
  private:
@@ -48,11 +42,8 @@ class Writer {
 
 class Reader {
  public:
-  explicit Reader(const std::vector<int64_t>& words) : words_(words) {}
-  int64_t integer() {
-    TESSERA_CHECK(at_ < words_.size(), CommError, "controller", "a truncated message from the controller or a worker");
-    return words_[at_++];
-  }
+  explicit Reader(const std::vector<int64_t>& words) : words_(words, "controller") {}
+  int64_t integer() { return words_.next(); }
   double real() { return std::bit_cast<double>(integer()); }
   std::string text() {
     const auto n = static_cast<size_t>(integer());
@@ -73,20 +64,10 @@ class Reader {
     for (double& x : v) x = real();
     return v;
   }
-  Placements placements() {
-    Placements p(static_cast<size_t>(integer()));
-    for (Placement& x : p) {
-      const int64_t kind = integer(), value = integer();
-      if (kind == 0) x = Shard{value};
-      else if (kind == 2) x = Partial{static_cast<ReduceOp>(value)};
-      else x = Replicate{};
-    }
-    return p;
-  }
+  Placements placements() { return words_.placements(); }
 
  private:
-  const std::vector<int64_t>& words_;
-  size_t at_ = 0;
+  WordReader words_;
 };
 
 }  // namespace

@@ -13,9 +13,9 @@
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/mesh/device_mesh.hpp>
-#include <tessera/mpmd/detail/layout_wire.hpp>
 #include <tessera/ops/random.hpp>
 #include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/layout_words.hpp>
 
 namespace tessera::controller::detail {
 
@@ -176,7 +176,7 @@ void reply_tensor(WorkerShared& shared, const Command& c, const Tensor& t) {
 
 void reply_layout(WorkerShared& shared, const Command& c, const Layout& layout) {
   if (c.request && shared.outbox)
-    shared.outbox->push(c.request, Reply{true, {}, false, DType::f32, {}, mpmd::detail::encode_layout(layout)}, nullptr);
+    shared.outbox->push(c.request, Reply{true, {}, false, DType::f32, {}, layout_words(layout)}, nullptr);
 }
 
 // Reports the layout of an op's result (or its error) to the controller's future, if it holds one.

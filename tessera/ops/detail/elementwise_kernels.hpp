@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <tessera/core/detail/strided_loop.hpp>
+#include <tessera/core/internal/strided_loop.hpp>
 #include <tessera/ops/detail/vector_math.hpp>
 
 namespace tessera::detail {

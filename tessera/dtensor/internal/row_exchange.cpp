@@ -1,7 +1,7 @@
 // The row exchange: post_rows fills what needs no communication (this rank's own rows, the fill)
 // and posts every isend/irecv; complete_rows waits and puts the received rows in place. Between
 // the two halves a caller can compute (halo_exchange_start / finish).
-#include <tessera/dtensor/detail/row_exchange.hpp>
+#include <tessera/dtensor/internal/row_exchange.hpp>
 
 #include <algorithm>
 #include <exception>

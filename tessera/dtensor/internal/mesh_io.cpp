@@ -1,4 +1,4 @@
-#include <tessera/dtensor/detail/mesh_io.hpp>
+#include <tessera/dtensor/internal/mesh_io.hpp>
 
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>

@@ -1,5 +1,6 @@
 #pragma once
-// Small metadata exchanges over a whole mesh (shapes, layout texts), shared by the dtensor layer.
+// Small metadata exchanges over a whole mesh (shapes, layout texts): the dtensor layer's, and the
+// front ends' that check what every rank passed (spec's mark_sharding).
 #include <cstdint>
 #include <string>
 #include <vector>
