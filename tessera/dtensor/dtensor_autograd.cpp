@@ -71,9 +71,7 @@ constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
 constexpr int64_t kBucketBytes = int64_t{25} << 20;
 
 Deferred& deferred() {
-  std::shared_ptr<void>& slot = rank_state("tessera.dtensor.no_sync");
-  if (!slot) slot = std::make_shared<Deferred>();
-  return *std::static_pointer_cast<Deferred>(slot);
+  return rank_local<Deferred>("tessera.dtensor.no_sync");
 }
 
 // Partial gradients wait (summed locally) while a backward runs or a NoSync scope is open.

@@ -12,9 +12,7 @@ namespace tessera::mpmd {
 namespace {
 
 std::vector<LogicalRules>& scopes() {
-  std::shared_ptr<void>& slot = rank_state("tessera.mpmd.logical_axes");
-  if (!slot) slot = std::make_shared<std::vector<LogicalRules>>();
-  return *std::static_pointer_cast<std::vector<LogicalRules>>(slot);
+  return rank_local<std::vector<LogicalRules>>("tessera.mpmd.logical_axes");
 }
 
 }  // namespace

@@ -45,9 +45,7 @@ struct TaskState {
 };
 
 TaskState& task_state() {
-  std::shared_ptr<void>& slot = rank_state("tessera.mpmd.task_state");
-  if (!slot) slot = std::make_shared<TaskState>();
-  return *std::static_pointer_cast<TaskState>(slot);
+  return rank_local<TaskState>("tessera.mpmd.task_state");
 }
 
 struct Registered {
@@ -60,9 +58,7 @@ struct Registry {
 };
 
 Registry& registry() {
-  std::shared_ptr<void>& slot = rank_state("tessera.mpmd.tasks");
-  if (!slot) slot = std::make_shared<Registry>();
-  return *std::static_pointer_cast<Registry>(slot);
+  return rank_local<Registry>("tessera.mpmd.tasks");
 }
 
 }  // namespace

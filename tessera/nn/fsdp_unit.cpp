@@ -16,9 +16,7 @@ std::atomic<uint64_t>& generation() {
     thread_local std::atomic<uint64_t> outside{0};
     return outside;
   }
-  std::shared_ptr<void>& slot = rank_state("tessera.nn.parameter_generation");
-  if (!slot) slot = std::make_shared<std::atomic<uint64_t>>(0);
-  return *std::static_pointer_cast<std::atomic<uint64_t>>(slot);
+  return rank_local<std::atomic<uint64_t>>("tessera.nn.parameter_generation");
 }
 
 // The unit this thread gathered last, to learn each unit's successor in forward order.

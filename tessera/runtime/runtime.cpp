@@ -185,6 +185,16 @@ std::shared_ptr<void>& rank_state(std::string_view key) {
   return it->second;  // std::map: the slot stays put while others are added
 }
 
+std::shared_ptr<void> rank_state(std::string_view key, const std::function<std::shared_ptr<void>()>& make) {
+  require_rank("rank_state");
+  RankState& state = *context.state;
+  std::lock_guard lock(state.mutex);
+  auto it = state.slots.find(key);
+  if (it == state.slots.end()) it = state.slots.emplace(std::string(key), nullptr).first;
+  if (!it->second) it->second = make();
+  return it->second;
+}
+
 std::thread rank_thread(std::function<void()> body) {
   require_rank("rank_thread");
   return std::thread([copy = context, body = std::move(body)]() mutable {

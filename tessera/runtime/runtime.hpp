@@ -46,6 +46,16 @@ std::shared_ptr<Communicator> world_ptr();
 /// outlive). Front ends keep their per-rank defaults here (tessera/spec's global mesh). Throws
 /// ValueError outside a rank.
 std::shared_ptr<void>& rank_state(std::string_view key);
+/// The slot under `key`, filled by `make` if empty, both under the rank's lock (the rank's
+/// threads may ask first at once). Throws ValueError outside a rank.
+std::shared_ptr<void> rank_state(std::string_view key, const std::function<std::shared_ptr<void>()>& make);
+/// The rank's T under `key`, value-initialised on first use: per-rank state of a front end
+/// without a slot's casts. Throws ValueError outside a rank.
+/// Example: `auto& scopes = rank_local<std::vector<LogicalRules>>("tessera.mpmd.logical_axes");`
+template <class T>
+T& rank_local(std::string_view key) {
+  return *std::static_pointer_cast<T>(rank_state(key, [] { return std::static_pointer_cast<void>(std::make_shared<T>()); }));
+}
 
 /// A second thread of the calling rank: `body` runs on it as this rank (the same rank(),
 /// world(), hosts and rank_state). For work beside the rank's own, such as the controller's

@@ -169,6 +169,31 @@ TEST(Runtime, RankContextIsThreadLocal) {
   expect_outside_a_rank();
 }
 
+// Per-rank state (rank_local): one value per rank, kept across calls, shared with the rank's own
+// threads (rank_thread) even when they ask for it first at the same time, released with the
+// rank; outside a rank a ValueError.
+TEST(Runtime, RankLocalStateIsOnePerRank) {
+  for_each_world(world_sizes(), [] {
+    auto& counter = rank_local<std::atomic<int64_t>>("tessera.test.counter");
+    EXPECT_EQ(counter.load(), 0);  // value-initialised, and empty again in every launch
+    counter += rank() + 1;
+    EXPECT_EQ(&rank_local<std::atomic<int64_t>>("tessera.test.counter"), &counter);
+    // The rank's threads race to create another slot: all of them see one object.
+    std::vector<std::thread> threads;
+    std::vector<std::atomic<int64_t>*> seen(4, nullptr);
+    for (size_t t = 0; t < seen.size(); ++t)
+      threads.push_back(rank_thread([&seen, t] { seen[t] = &rank_local<std::atomic<int64_t>>("tessera.test.raced"); }));
+    for (auto& thread : threads) thread.join();
+    for (auto* p : seen) EXPECT_EQ(p, &rank_local<std::atomic<int64_t>>("tessera.test.raced"));
+    // Every rank kept its own value.
+    std::vector<int64_t> all(static_cast<size_t>(world_size()));
+    const int64_t mine = counter.load();
+    world().all_gather(&mine, all.data(), 1, DType::i64);
+    for (int r = 0; r < world_size(); ++r) EXPECT_EQ(all[static_cast<size_t>(r)], r + 1);
+  });
+  std::thread([] { EXPECT_TRUE(value_error([] { (void)rank_local<int>("x"); }, {"[rank_state]", "outside a rank"})); }).join();
+}
+
 // --- launch errors ---------------------------------------------------------------------------
 
 TEST(Runtime, NestedLaunchIsRejected) {
