@@ -6,6 +6,7 @@
 // their log-sum-exp (online softmax). The backward goes around the same ring: each block's dk/dv
 // travel with it and arrive home after a full turn. No rank ever holds more than its own rows
 // and one visiting block: the sequence is never gathered.
+#include <tessera/comm/tags.hpp>
 #include <tessera/dtensor/internal/ring_attention.hpp>
 
 #include <cmath>
@@ -91,7 +92,8 @@ class Shift {
 };
 
 // Tags of the four streams that travel the ring.
-enum RingTag : int { kTagK = 11, kTagV, kTagDK, kTagDV };
+enum RingTag : int { kTagK = kRingAttentionTags.first, kTagV, kTagDK, kTagDV };
+static_assert(kTagDV < kRingAttentionTags.end);
 
 // Everything a ring pass needs, shared by the forward and the backward.
 struct Ring {

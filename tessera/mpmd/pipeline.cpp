@@ -2,6 +2,7 @@
 // the end of the step), so a rank only waits for what its next action reads: the activation from
 // the stage before (a forward) or the gradient from the stage after (a backward). Both schedules
 // order those waits so that no cycle forms.
+#include <tessera/comm/tags.hpp>
 #include <tessera/mpmd/pipeline.hpp>
 
 #include <algorithm>
@@ -28,9 +29,8 @@ using tessera::detail::concat;
 
 // Microbatch i's messages across the boundary after stage b: header length, header (the
 // activation's layout and the input's pieces along the batch dim), activation, gradient.
-constexpr int kTagBase = 1 << 20;
 int tag(int64_t boundary, int64_t microbatches, int64_t microbatch, int kind) {
-  return kTagBase + static_cast<int>(4 * (boundary * microbatches + microbatch)) + kind;
+  return kPipelineTags.first + static_cast<int>(4 * (boundary * microbatches + microbatch)) + kind;
 }
 enum Kind { kHeaderLength = 0, kHeader = 1, kActivation = 2, kGradient = 3 };
 
@@ -107,6 +107,10 @@ Pipeline::Pipeline(std::vector<Stage> stages, Loss loss, PipelineOptions options
   TESSERA_CHECK(options_.microbatches >= 1, ValueError, "Pipeline", "microbatches = ", options_.microbatches,
                 "; need at least 1");
   const auto count = static_cast<int64_t>(stages_.size());
+  // Four messages per (stage boundary, microbatch), each with a tag of its own.
+  TESSERA_CHECK((count - 1) * options_.microbatches <= kPipelineTags.size() / 4, ValueError, "Pipeline", count,
+                " stages x ", options_.microbatches, " microbatches need more message tags than a pipeline has (",
+                kPipelineTags.size() / 4, " boundary-microbatch pairs)");
   groups_ = count;
   if (options_.schedule == Schedule::interleaved_one_f_one_b) {
     // The stages cycle over the meshes up to the first that repeats stage 0's.

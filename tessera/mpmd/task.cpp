@@ -1,3 +1,4 @@
+#include <tessera/comm/tags.hpp>
 #include <tessera/mpmd/task.hpp>
 
 #include <fnmatch.h>
@@ -15,10 +16,9 @@ namespace tessera::mpmd {
 
 namespace {
 
-// Launch k's layout messages use tags kTaskTag + 2 (k mod kTaskTags) and the next one, below the
-// pipeline's tags.
-constexpr int kTaskTags = 4096;
-constexpr int kTaskTag = (1 << 20) - 2 * kTaskTags;
+// Launch k's layout messages use tags kTaskTag + 2 (k mod kTaskTags) and the next one.
+constexpr int kTaskTags = tessera::kTaskTags.size() / 2;
+constexpr int kTaskTag = tessera::kTaskTags.first;
 
 // Per rank: launches so far, and the leader's layout messages still in flight (with the buffers
 // they read). Completed ones are dropped at each launch; the rest are waited for when the rank's

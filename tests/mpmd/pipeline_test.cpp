@@ -329,6 +329,9 @@ TEST(Pipeline, ErrorsNameTheStages) {
                                {"[Pipeline]", "cycle over P >= 2 meshes"}));
     EXPECT_TRUE(throws_with<ValueError>([&] { Pipeline({{a, id}, {b, id}, {a, id}, {b, id}}, loss, {Schedule::interleaved_one_f_one_b, 3, 0}); },
                                         {"[Pipeline]", "multiple of 2"}));
+    // Every (boundary, microbatch) has tags of its own, from the pipeline's range (comm/tags.hpp).
+    EXPECT_TRUE(throws_with<ValueError>([&] { Pipeline({{a, id}, {b, id}}, loss, {Schedule::gpipe, int64_t{1} << 26, 0}); },
+                                        {"[Pipeline]", "2 stages x 67108864 microbatches", "more message tags"}));
   });
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <tessera/comm/tags.hpp>
 #include <tessera/comm/work.hpp>
 #include <tessera/controller/controller.hpp>
 #include <tessera/core/tensor.hpp>
@@ -114,9 +115,11 @@ struct Command {
 
 /// Tags of the controller's messages on the world communicator: a command's length and words;
 /// a reply to request r (its header length, header words, then a tensor's bytes).
-inline constexpr int kCommandLengthTag = 1 << 27;
-inline constexpr int kCommandTag = (1 << 27) + 1;
-inline int reply_tag(uint64_t request) { return (1 << 27) + 2 + static_cast<int>(request % (1u << 26)); }
+inline constexpr int kCommandLengthTag = kControllerTags.first;
+inline constexpr int kCommandTag = kControllerTags.first + 1;
+inline int reply_tag(uint64_t request) {
+  return kControllerTags.first + 2 + static_cast<int>(request % static_cast<uint64_t>(kControllerTags.size() - 2));
+}
 
 /// A queue of commands: the controller (or a worker's receiving thread) pushes, a worker's
 /// thread pops in order.

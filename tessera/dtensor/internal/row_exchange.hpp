@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include <tessera/comm/tags.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/mesh/device_mesh.hpp>
 #include <tessera/ops/shape_ops.hpp>
@@ -110,6 +111,6 @@ class RowExchange {
 Tensor exchange_rows(std::shared_ptr<const RowPlan> plan, const Tensor& local, double fill, const char* op, int tag);
 
 /// The tag the row exchanges use unless two are in flight at once.
-inline constexpr int kRowExchangeTag = 7;
+inline constexpr int kRowExchangeTag = kRowExchangeTags.first;
 
 }  // namespace tessera::detail
