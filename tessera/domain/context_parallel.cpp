@@ -47,13 +47,6 @@ std::vector<int64_t> starts_of(const std::vector<int64_t>& cut) {
   return starts;
 }
 
-// The chunks in the order the ranks hold them: 0, 2n-1, 1, 2n-2, ...
-std::vector<size_t> zigzag_order(int64_t n) {
-  std::vector<size_t> order;
-  for (int64_t p = 0; p < n; ++p) order.push_back(static_cast<size_t>(p)), order.push_back(static_cast<size_t>(2 * n - 1 - p));
-  return order;
-}
-
 void check_buffer(const DTensor& x, const DeviceMesh& mesh, int64_t seq, size_t index, const char* op) {
   TESSERA_CHECK(x.defined(), ShardingError, op, "buffer ", index, " is undefined");
   TESSERA_CHECK(x.device_mesh().spec() == mesh.spec(), ShardingError, op, "buffer ", index, " lives on ",
@@ -73,11 +66,9 @@ DTensor split(const DTensor& x, const DeviceMesh& mesh, int64_t cp, int64_t seq,
   const std::vector<int64_t> cut = detail::zigzag_chunk_sizes(x.shape()[seq], n);
   const std::vector<int64_t> starts = starts_of(cut);
   std::vector<DTensor> parts;
-  for (size_t c : zigzag_order(n)) parts.push_back(narrow(x, seq, starts[c], cut[c]));
+  for (size_t c : detail::zigzag_order(n)) parts.push_back(narrow(x, seq, starts[c], cut[c]));
   const DTensor permuted = cat(parts, seq);  // replicated: every rank permutes its own copy
-  std::vector<int64_t> sizes;
-  for (int64_t p = 0; p < n; ++p) sizes.push_back(cut[static_cast<size_t>(p)] + cut[static_cast<size_t>(2 * n - 1 - p)]);
-  return permuted.redistribute(mesh, with_placement(permuted, cp, Shard{seq}, seq, sizes));
+  return permuted.redistribute(mesh, with_placement(permuted, cp, Shard{seq}, seq, detail::zigzag_piece_sizes(x.shape()[seq], n)));
 }
 
 // The load-balanced scope of ring attention, left however body ends.
@@ -154,7 +145,7 @@ std::vector<DTensor> context_parallel_unshard(const DeviceMesh& mesh, const std:
     // Where each chunk sits in the held (zig-zag) order, then the chunks in natural order.
     std::vector<int64_t> held_at(cut.size(), 0);
     int64_t offset = 0;
-    for (size_t c : zigzag_order(n)) held_at[c] = offset, offset += cut[c];
+    for (size_t c : detail::zigzag_order(n)) held_at[c] = offset, offset += cut[c];
     std::vector<DTensor> parts;
     for (size_t c = 0; c < cut.size(); ++c) parts.push_back(narrow(full, seq, held_at[c], cut[c]));
     out.push_back(cat(parts, seq));

@@ -220,7 +220,7 @@ std::vector<std::vector<Chunk>> chunks_of(const std::vector<int64_t>& piece_size
   std::vector<int64_t> starts(cut.size() + 1, 0);
   for (size_t c = 0; c < cut.size(); ++c) starts[c + 1] = starts[c] + cut[c];
   for (int64_t p = 0; p < n; ++p) {
-    const auto a = static_cast<size_t>(p), b = static_cast<size_t>(2 * n - 1 - p);
+    const auto [a, b] = zigzag_chunks(p, n);
     TESSERA_CHECK(piece_sizes[a] == cut[a] + cut[b], ShardingError, kOp, "under load-balanced context_parallel, ",
                   layout.to_string(), " should hold ", cut[a] + cut[b], " rows of dim ", seq, " at ring position ", p,
                   " (sequence chunks ", a, " and ", b, "); it holds ", piece_sizes[a]);
@@ -237,6 +237,25 @@ thread_local std::vector<std::pair<DeviceMesh, int64_t>> load_balanced_scopes;
 std::vector<int64_t> zigzag_chunk_sizes(int64_t length, int64_t n) {
   std::vector<int64_t> sizes(static_cast<size_t>(2 * n), length / (2 * n));
   for (int64_t c = 0; c < length % (2 * n); ++c) ++sizes[static_cast<size_t>(c)];
+  return sizes;
+}
+
+std::vector<size_t> zigzag_order(int64_t n) {
+  std::vector<size_t> order;
+  for (int64_t p = 0; p < n; ++p) {
+    const auto [a, b] = zigzag_chunks(p, n);
+    order.push_back(a), order.push_back(b);
+  }
+  return order;
+}
+
+std::vector<int64_t> zigzag_piece_sizes(int64_t length, int64_t n) {
+  const std::vector<int64_t> cut = zigzag_chunk_sizes(length, n);
+  std::vector<int64_t> sizes;
+  for (int64_t p = 0; p < n; ++p) {
+    const auto [a, b] = zigzag_chunks(p, n);
+    sizes.push_back(cut[a] + cut[b]);
+  }
   return sizes;
 }
 
