@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
+#include <tessera/ops/detail/conv_forward.hpp>
 #include <tessera/tessera.hpp>
 #include <vector>
 

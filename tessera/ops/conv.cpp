@@ -38,6 +38,7 @@
 #include <tessera/grad/engine.hpp>
 #include <tessera/ops/detail/gemm.hpp>
 #include <tessera/ops/conv.hpp>
+#include <tessera/ops/detail/conv_forward.hpp>
 #include <tessera/ops/linalg.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>
 #include <vector>

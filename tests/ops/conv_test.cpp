@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <tessera/autograd/gradcheck.hpp>
+#include <tessera/ops/detail/conv_forward.hpp>
 #include <tessera/ops/ops.hpp>
 #include <vector>
 
