@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
+#include <optional>
 #include <set>
 #include <vector>
 
@@ -90,14 +92,20 @@ void expect_equal(const KeptFigures& joined, const KeptFigures& oracle) {
 
 const auto sweep = tessera::testing::layout_sweep;
 
-TEST(KeptPieces, JoinEqualsEveryRankOnSmallMeshes) {
+using KeptAnswer = std::function<std::optional<KeptFigures>(const Layout& held, const Layout& want,
+                                                            const std::vector<int64_t>& dims)>;
+
+// Every pair of the sweep's layouts of `shapes` on 1-d to 4-d meshes, over all tensor dims and
+// each alone: where `answer` answers, its figures are every rank's. (asked, answered).
+std::pair<int64_t, int64_t> against_every_rank(const std::vector<Shape>& shapes, const KeptAnswer& answer) {
   const std::vector<Placement> choices{Replicate{}, Shard{0}, Shard{1}};
   const std::vector<MeshSpec> meshes{MeshSpec(Shape{4}, {"x"}), MeshSpec(Shape{2, 3}, {"a", "b"}),
-                                     MeshSpec(Shape{3, 4}, {"a", "b"}), MeshSpec(Shape{2, 2, 3}, {"a", "b", "c"}),
+                                     MeshSpec(Shape{3, 4}, {"a", "b"}), MeshSpec(Shape{4, 2}, {"a", "b"}),
+                                     MeshSpec(Shape{2, 2, 3}, {"a", "b", "c"}),
                                      MeshSpec(Shape{2, 1, 3, 2}, {"a", "b", "c", "d"})};
   int64_t asked = 0, answered = 0;
   for (const MeshSpec& mesh : meshes)
-    for (const Shape& shape : {Shape{12, 6}, Shape{7, 5}, Shape{3, 1}}) {
+    for (const Shape& shape : shapes) {
       const auto layouts = sweep(mesh, shape, choices);
       for (const Layout& held : layouts)
         for (const Layout& want : layouts)
@@ -105,42 +113,31 @@ TEST(KeptPieces, JoinEqualsEveryRankOnSmallMeshes) {
             SCOPED_TRACE(held.to_string() + " -> " + want.to_string() + " over " + std::to_string(dims.size()) +
                          " dims from " + std::to_string(dims[0]));
             ++asked;
-            const auto joined = detail::kept_by_join(held, want, dims, std::numeric_limits<int32_t>::max());
-            if (!joined) continue;
+            const auto figures = answer(held, want, dims);
+            if (!figures) continue;
             ++answered;
-            expect_equal(*joined, every_rank(held, want, dims));
-            if (::testing::Test::HasFailure()) return;
+            expect_equal(*figures, every_rank(held, want, dims));
+            if (::testing::Test::HasFailure()) return {asked, answered};
           }
     }
+  return {asked, answered};
+}
+
+TEST(KeptPieces, JoinEqualsEveryRankOnSmallMeshes) {
+  const auto [asked, answered] = against_every_rank({Shape{12, 6}, Shape{7, 5}, Shape{3, 1}}, [](const auto&... a) {
+    return detail::kept_by_join(a..., std::numeric_limits<int32_t>::max());
+  });
   // With no budget it always answers.
   EXPECT_GT(asked, 20000);
   EXPECT_EQ(answered, asked);
 }
 
 // Even splits whose piece lengths divide one another: the keepers counted digit by digit
-// (detail::kept_by_digits) are every rank's figures, over all tensor dims and each alone.
+// (detail::kept_by_digits) are every rank's figures.
 TEST(KeptPieces, DigitsEqualEveryRankOnSmallMeshes) {
-  const std::vector<Placement> choices{Replicate{}, Shard{0}, Shard{1}};
-  const std::vector<MeshSpec> meshes{MeshSpec(Shape{4}, {"x"}), MeshSpec(Shape{2, 3}, {"a", "b"}),
-                                     MeshSpec(Shape{4, 2}, {"a", "b"}), MeshSpec(Shape{2, 2, 3}, {"a", "b", "c"}),
-                                     MeshSpec(Shape{2, 1, 3, 2}, {"a", "b", "c", "d"})};
-  int64_t asked = 0, answered = 0;
-  for (const MeshSpec& mesh : meshes)
-    for (const Shape& shape : {Shape{24, 12}, Shape{36, 8}, Shape{7, 5}}) {
-      const auto layouts = sweep(mesh, shape, choices);
-      for (const Layout& held : layouts)
-        for (const Layout& want : layouts)
-          for (const std::vector<int64_t>& dims : {std::vector<int64_t>{0, 1}, {0}, {1}}) {
-            SCOPED_TRACE(held.to_string() + " -> " + want.to_string() + " over " + std::to_string(dims.size()) +
-                         " dims from " + std::to_string(dims[0]));
-            ++asked;
-            const auto counted = detail::kept_by_digits(held, want, dims, std::numeric_limits<int32_t>::max());
-            if (!counted) continue;
-            ++answered;
-            expect_equal(*counted, every_rank(held, want, dims));
-            if (::testing::Test::HasFailure()) return;
-          }
-    }
+  const auto [asked, answered] = against_every_rank({Shape{24, 12}, Shape{36, 8}, Shape{7, 5}}, [](const auto&... a) {
+    return detail::kept_by_digits(a..., std::numeric_limits<int32_t>::max());
+  });
   // Uneven shapes, explicit sizes and lengths that do not divide each other are declined.
   EXPECT_GT(answered, asked / 4) << answered << " of " << asked;
   EXPECT_LT(answered, asked);
