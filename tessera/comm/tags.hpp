@@ -14,7 +14,6 @@ struct TagRange {
   int first;
   int end;
   constexpr int size() const { return end - first; }
-  constexpr bool holds(int tag) const { return tag >= first && tag < end; }
 };
 
 /// A row exchange (halos, sharded pad and roll): one tag unless two are in flight at once.

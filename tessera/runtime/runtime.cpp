@@ -176,23 +176,29 @@ int run(int argc, char** argv, std::function<void()> body) {
   }
 }
 
+namespace {
+// The calling rank's slot under `key` (made empty if new). The caller holds the rank's lock.
+std::shared_ptr<void>& slot_locked(RankState& state, std::string_view key) {
+  auto it = state.slots.find(key);
+  if (it == state.slots.end()) it = state.slots.emplace(std::string(key), nullptr).first;
+  return it->second;  // std::map: the slot stays put while others are added
+}
+}  // namespace
+
 std::shared_ptr<void>& rank_state(std::string_view key) {
   require_rank("rank_state");
   RankState& state = *context.state;
   std::lock_guard lock(state.mutex);
-  auto it = state.slots.find(key);
-  if (it == state.slots.end()) it = state.slots.emplace(std::string(key), nullptr).first;
-  return it->second;  // std::map: the slot stays put while others are added
+  return slot_locked(state, key);
 }
 
 std::shared_ptr<void> rank_state(std::string_view key, const std::function<std::shared_ptr<void>()>& make) {
   require_rank("rank_state");
   RankState& state = *context.state;
   std::lock_guard lock(state.mutex);
-  auto it = state.slots.find(key);
-  if (it == state.slots.end()) it = state.slots.emplace(std::string(key), nullptr).first;
-  if (!it->second) it->second = make();
-  return it->second;
+  std::shared_ptr<void>& slot = slot_locked(state, key);
+  if (!slot) slot = make();
+  return slot;
 }
 
 std::thread rank_thread(std::function<void()> body) {

@@ -1,6 +1,7 @@
 // KeptFigures of one evenly split tensor dim, by counting coordinates digit by digit
 // (detail::kept_by_digits). See detail/kept_pieces.hpp.
 #include <tessera/sharding/detail/kept_pieces.hpp>
+#include <tessera/sharding/detail/rank_classes.hpp>
 
 #include <algorithm>
 #include <cstdlib>
@@ -8,12 +9,6 @@
 namespace tessera::detail {
 
 namespace {
-
-// Split evenly (every piece of one length), and not empty.
-bool evenly_split(const Layout& layout, int64_t d) {
-  const int64_t size = layout.global_shape()[d];
-  return size > 0 && !layout.has_explicit_sizes(d) && size % layout.piece_count(d) == 0;
-}
 
 // An even split puts a rank's piece at the sum, over the mesh dims of the dim's shard order, of
 // the rank's coordinate times the length of a piece at that mesh dim's level: per mesh dim that
@@ -140,7 +135,7 @@ std::optional<KeptFigures> kept_by_digits(const Layout& held, const Layout& want
   // The dims split in either layout, evenly in both, into pieces one of whose lengths is a
   // multiple of the other's: a rank keeps its whole smaller piece there or nothing, from a fixed
   // number of source pieces. The others whole in both, and not empty.
-  std::vector<int64_t> split;
+  std::vector<int64_t> split, lo, hi;
   int64_t kept = 1, wanted = 1, blocks = 1;
   for (int64_t d : dims) {
     const int64_t length = want.global_shape()[d];
@@ -154,6 +149,9 @@ std::optional<KeptFigures> kept_by_digits(const Layout& held, const Layout& want
     const int64_t held_piece = length / held.piece_count(d), want_piece = length / want.piece_count(d);
     if (held_piece % want_piece != 0 && want_piece % held_piece != 0) return std::nullopt;
     split.push_back(d);
+    // The keeping interval of the difference of starts (below).
+    lo.push_back(1 - held_piece);
+    hi.push_back(want_piece - 1);
     kept *= std::min(held_piece, want_piece);
     wanted *= want_piece;
     blocks *= std::max<int64_t>(1, want_piece / held_piece);
@@ -166,14 +164,10 @@ std::optional<KeptFigures> kept_by_digits(const Layout& held, const Layout& want
   // level lengths.
   const MeshSpec& mesh = want.mesh();
   std::vector<DigitCount::Digit> digits(static_cast<size_t>(mesh.ndim()));
-  std::vector<int64_t> lo, hi;
-  for (size_t t = 0; t < split.size(); ++t) {
-    const int64_t d = split[t], length = want.global_shape()[d];
+  for (int64_t d : split) {
     const std::vector<int64_t> held_levels = level_lengths(held, d), want_levels = level_lengths(want, d);
     for (int64_t m = 0; m < mesh.ndim(); ++m)
       digits[static_cast<size_t>(m)].steps.push_back(held_levels[static_cast<size_t>(m)] - want_levels[static_cast<size_t>(m)]);
-    lo.push_back(1 - length / held.piece_count(d));
-    hi.push_back(length / want.piece_count(d) - 1);
   }
   int64_t free = 1;  // coordinates of the mesh dims that move no start
   std::vector<DigitCount::Digit> moving;

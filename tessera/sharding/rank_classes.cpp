@@ -278,11 +278,16 @@ int64_t empty_before(const Layout& layout, int64_t dim, int64_t piece) {
 
 }  // namespace
 
+bool evenly_split(const Layout& layout, int64_t dim) {
+  const int64_t size = layout.global_shape()[dim];
+  return size > 0 && !layout.has_explicit_sizes(dim) && size % layout.piece_count(dim) == 0;
+}
+
 PieceSpan pieces_overlapping(const Layout& layout, int64_t dim, int64_t begin, int64_t end) {
   const int64_t count = layout.piece_count(dim), size = layout.global_shape()[dim];
   if (begin >= end) return {0, 0, 0};
   // An even split: pieces of one size, in order, none empty.
-  if (!layout.has_explicit_sizes(dim) && size > 0 && size % count == 0) {
+  if (evenly_split(layout, dim)) {
     const int64_t s = size / count, first = begin / s, last = (end + s - 1) / s;
     return {first, last, last - first};
   }

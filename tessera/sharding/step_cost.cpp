@@ -137,9 +137,7 @@ class SourcePieces {
   SourcePieces(const Layout& held, const Layout& want) : held_(held), want_(want) {
     memo_.resize(static_cast<size_t>(want.ndim()));
     for (int64_t d = 0; d < want.ndim(); ++d) {
-      const int64_t size = held.global_shape()[d];
-      const bool even = !held.has_explicit_sizes(d) && size > 0 && size % held.piece_count(d) == 0;
-      if (!even && !want.shard_order(d).empty())
+      if (!evenly_split(held, d) && !want.shard_order(d).empty())
         memo_[static_cast<size_t>(d)].assign(static_cast<size_t>(want.piece_count(d)), -1);
     }
   }
@@ -206,11 +204,8 @@ __extension__ using Wide = __int128;
 
 // Every piece of `layout` has one size in every dim (so every rank wants as much).
 bool even(const Layout& layout) {
-  for (int64_t d = 0; d < layout.ndim(); ++d) {
-    const int64_t size = layout.global_shape()[d];
-    if (layout.shard_order(d).empty()) continue;
-    if (layout.has_explicit_sizes(d) || size == 0 || size % layout.piece_count(d) != 0) return false;
-  }
+  for (int64_t d = 0; d < layout.ndim(); ++d)
+    if (!layout.shard_order(d).empty() && !evenly_split(layout, d)) return false;
   return true;
 }
 

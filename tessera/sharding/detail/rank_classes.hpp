@@ -63,6 +63,10 @@ void for_each_group_piece(const Layout& layout, int64_t dim, std::vector<int64_t
                           const std::vector<int64_t>& group,
                           const std::function<bool(const std::vector<int64_t>& coordinate)>& visit);
 
+/// Tensor dim `dim` of `layout` is not empty and split into pieces of one length (no explicit
+/// sizes): a piece's range, and the pieces overlapping a range, are arithmetic.
+bool evenly_split(const Layout& layout, int64_t dim);
+
 /// Pieces of tensor dim `dim` of `layout` that overlap [begin, end) (non-empty overlap), as a
 /// range of piece indices in splitting order [first, last) and the count of those that do (a
 /// nested split may leave empty pieces between them). O(log pieces) plus the empty pieces' scan.
