@@ -91,7 +91,7 @@ double median_step_us(nn::TransformerLM& model, const Options& o, const std::fun
 double measure(nn::TransformerLM& model, const mpmd::PlanEstimate& plan, const Options& o) {
   const DeviceMesh& mesh = model.mesh();
   Placements data(static_cast<size_t>(mesh.ndim()), Replicate{});
-  for (const auto& a : plan.dp_axes) data[static_cast<size_t>(mesh.spec().dim_of(a))] = Shard{0};
+  for (const auto& a : plan.strategy.data.axes) data[static_cast<size_t>(mesh.spec().dim_of(a))] = Shard{0};
   const auto [ids, next] = tokens(o);
   const DTensor x = distribute_tensor(ids, mesh, data), t = distribute_tensor(next, mesh, data);
   return median_step_us(model, o, [&] { model.loss(x, t).backward(); });
@@ -144,17 +144,17 @@ int main(int argc, char** argv) {
     for (const mpmd::PlanEstimate& e : plan.candidates) {
       manual_seed(1);
       nn::TransformerLM model(model_mesh, c);
-      mpmd::apply_plan(model, e);
+      mpmd::apply_plan(model, e.strategy);
       mpmd::ParallelPlan as_chosen = plan;
       as_chosen.chosen = e;
       as_chosen.data.assign(static_cast<size_t>(model_mesh.ndim()), Replicate{});
-      for (const auto& a : e.dp_axes) as_chosen.data[static_cast<size_t>(model_mesh.spec().dim_of(a))] = Shard{0};
+      for (const auto& a : e.strategy.data.axes) as_chosen.data[static_cast<size_t>(model_mesh.spec().dim_of(a))] = Shard{0};
       const double measured = o.pp > 0 ? measure_pipeline(model, as_chosen, o) : measure(model, e, o);
-      if (e.fits && measured < best) best = measured, fastest = e.name;
+      if (e.fits && measured < best) best = measured, fastest = e.name();
       if (rank() == 0)
-        std::printf("%-40s %12.0f %12.0f %10.2f\n", e.name.c_str(), e.estimated_us(), measured, measured / e.estimated_us());
+        std::printf("%-40s %12.0f %12.0f %10.2f\n", e.name().c_str(), e.estimated_us(), measured, measured / e.estimated_us());
     }
     if (rank() == 0)
-      std::printf("\nchosen: %s; fastest measured of those that fit the budget: %s\n", plan.chosen.name.c_str(), fastest.c_str());
+      std::printf("\nchosen: %s; fastest measured of those that fit the budget: %s\n", plan.chosen.name().c_str(), fastest.c_str());
   });
 }

@@ -14,6 +14,7 @@
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/mpmd/detail/lm_units.hpp>
+#include <tessera/mpmd/detail/plan_search.hpp>
 #include <tessera/nn/parallel.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/plan.hpp>
@@ -22,11 +23,10 @@ namespace tessera::mpmd {
 
 namespace {
 
-const nn::ParallelStyle* style_of(const std::map<std::string, nn::ParallelStyle>& plan, const std::string& module) {
-  for (const auto& [pattern, style] : plan)
-    if (nn::path_matches(pattern, module)) return &style;
-  return nullptr;
-}
+using detail::ParameterInfo;
+using detail::PipelinePricing;
+using detail::StepShape;
+using detail::UnitCost;
 
 std::string parent_of(const std::string& path) {
   const auto dot = path.rfind('.');
@@ -46,7 +46,31 @@ struct Subject {
   bool tensor_parallel = false, sequence_parallel = false;          // candidates to consider
   std::function<double(int64_t rows)> step_us;                      // the unsharded step at [rows, ...]
   int64_t boundary_features = 0;                                    // a pipeline activation's last dim
+  std::vector<ParameterInfo> parameters;                            // what pricing needs of them
 };
+
+// What pricing needs of the subject's parameters: their units and owning modules' kinds.
+std::vector<ParameterInfo> describe_parameters(const Subject& subject) {
+  using Owner = ParameterInfo::Owner;
+  std::vector<ParameterInfo> out;
+  for (const auto& [path, param] : subject.model.named_parameters()) {
+    const std::string module = parent_of(path);
+    const nn::Module& owner = module.empty() ? subject.model : subject.model.submodule(module);
+    ParameterInfo info{path, subject.unit_of(path), param->shape(), param->dtype(), Owner::other};
+    if (dynamic_cast<const nn::Linear*>(&owner)) info.owner = Owner::linear;
+    if (dynamic_cast<const nn::Embedding*>(&owner)) info.owner = Owner::embedding;
+    if (dynamic_cast<const nn::RMSNorm*>(&owner) || dynamic_cast<const nn::LayerNorm*>(&owner)) info.owner = Owner::norm;
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+// A strategy's cost unit by unit for the subject, on its model's mesh.
+std::vector<UnitCost> price(const ParallelStrategy& s, const Subject& subject, const CostModel& cost,
+                            const StepShape& step) {
+  const auto tp_plan = s.tensor ? subject.tp_plan(s.tensor->sequence_parallel) : std::map<std::string, nn::ParallelStyle>{};
+  return detail::price_units(s, subject.parameters, subject.units, tp_plan, subject.model.mesh().spec(), cost, step);
+}
 
 // Times `step` (forward, loss, backward) on every rank of `mesh` at once (a barrier before each
 // run, so that each is as contended as the sharded run will be): the median of three after a
@@ -105,187 +129,11 @@ double measure_call_us(const DeviceMesh& mesh) {
   return us;
 }
 
-// The candidates on a mesh of one or two axes: every tensor parallel plan with and without
-// sequence parallelism.
-std::vector<PlanEstimate> candidates_of(const MeshSpec& spec, bool tensor_parallel, bool sequence_parallel) {
-  const auto& axes = spec.names();
-  std::vector<PlanEstimate> out;
-  const auto add = [&](std::string tp, std::vector<std::string> dp, bool fsdp, bool sp) {
-    if ((!tp.empty() && !tensor_parallel) || (sp && !sequence_parallel)) return;
-    PlanEstimate e;
-    e.tp_axis = std::move(tp);
-    e.sequence_parallel = sp;
-    e.dp_axes = std::move(dp);
-    e.fsdp = fsdp;
-    std::string name;
-    if (!e.tp_axis.empty()) name = std::string(sp ? "tp+sp(" : "tp(") + e.tp_axis + ")";
-    if (!e.dp_axes.empty()) {
-      std::string joined;
-      for (const auto& a : e.dp_axes) joined.append(joined.empty() ? "" : ",").append(a);
-      name.append(name.empty() ? "" : " + ").append(std::string(fsdp ? "fsdp(" : "ddp(") + joined + ")");
-    }
-    e.name = name;
-    out.push_back(std::move(e));
-  };
-  if (axes.size() == 1) {
-    add("", {axes[0]}, false, false);
-    add("", {axes[0]}, true, false);
-    for (bool sp : {false, true}) add(axes[0], {}, false, sp);
-  } else if (axes.size() == 2) {
-    for (int t = 0; t < 2; ++t)
-      for (bool sp : {false, true}) {
-        add(axes[static_cast<size_t>(t)], {axes[static_cast<size_t>(1 - t)]}, false, sp);
-        add(axes[static_cast<size_t>(t)], {axes[static_cast<size_t>(1 - t)]}, true, sp);
-      }
-    add("", {axes[0], axes[1]}, false, false);
-  } else {
-    TESSERA_CHECK(false, ShardingError, "parallelize", "meshes of 1 or 2 axes are supported, not ", spec.to_string());
-  }
-  return out;
-}
-
-// The ranks that split the batch under a candidate, and those that split one stage's compute.
-int64_t dp_ways_of(const PlanEstimate& e, const MeshSpec& spec) {
-  int64_t ways = 1;
-  for (const auto& a : e.dp_axes) ways *= spec.size(spec.dim_of(a, "parallelize"));
-  return ways;
-}
-int64_t ways_of(const PlanEstimate& e, const MeshSpec& spec) {
-  return dp_ways_of(e, spec) * (e.tp_axis.empty() ? 1 : spec.size(spec.dim_of(e.tp_axis, "parallelize")));
-}
-
-// One unit's share of a candidate's cost per step on a stage's mesh.
-struct UnitCost {
-  double comm_us = 0;
-  int64_t calls = 0, bytes = 0;
-  int64_t state_bytes = 0;       // parameters, gradients and AdamW moments by their stored shard
-  int64_t activation_bytes = 0;  // one microbatch's saved activations of the linear layers
-  int64_t gather_bytes = 0;      // the largest parameter an FSDP all-gather materialises
-};
-
-// Prices a candidate's communication and memory unit by unit, for microbatches of `rows` rows:
-// what moves per microbatch (FSDP's gathers and gradient reduce-scatters, tensor parallel
-// activations) counts `microbatches` times, DDP's gradient all-reduce once (NoSync defers it).
-std::vector<UnitCost> price_units(const PlanEstimate& e, const Subject& subject, const MeshSpec& spec,
-                                  const CostModel& cost, int64_t rows, int64_t seq, int64_t microbatches) {
-  nn::Module& model = subject.model;
-  const PlanOptions plan_options{cost};
-  const int64_t tp = e.tp_axis.empty() ? -1 : spec.dim_of(e.tp_axis, "parallelize");
-  std::vector<int64_t> dp;
-  for (const auto& a : e.dp_axes) dp.push_back(spec.dim_of(a, "parallelize"));
-  const int64_t dp_ways = dp_ways_of(e, spec);
-  std::vector<UnitCost> units(static_cast<size_t>(subject.units));
-  const auto price = [&](UnitCost& u, const Layout& src, const Layout& dst, int64_t times) {
-    const Plan p = plan(src, dst, plan_options);
-    u.comm_us += static_cast<double>(times) * p.estimated_us;
-    u.calls += times * p.calls();
-    u.bytes += times * p.max_bytes_received();
-  };
-  const auto with = [&](Placements placements, int64_t m, Placement p) {
-    placements[static_cast<size_t>(m)] = p;
-    return placements;
-  };
-  const std::map<std::string, nn::ParallelStyle> tp_plan =
-      tp >= 0 ? subject.tp_plan(e.sequence_parallel) : std::map<std::string, nn::ParallelStyle>{};
-  const bool sp = tp >= 0 && e.sequence_parallel;
-  const int64_t tp_ways = tp >= 0 ? spec.size(tp) : 1;
-  const Placements replicate(static_cast<size_t>(spec.ndim()), Replicate{});
-  const std::vector<int64_t> origin(static_cast<size_t>(spec.ndim()), 0);
-  const int64_t tokens = rows * seq;
-  std::vector<std::string> colwise_parents;
-  for (const auto& [path, param] : model.named_parameters()) {
-    UnitCost& u = units[static_cast<size_t>(subject.unit_of(path))];
-    const std::string module = parent_of(path), name = path.substr(module.empty() ? 0 : module.size() + 1);
-    nn::Module& sub = module.empty() ? model : model.submodule(module);
-    const auto* linear = dynamic_cast<const nn::Linear*>(&sub);
-    const auto* embedding = dynamic_cast<const nn::Embedding*>(&sub);
-    const bool norm = dynamic_cast<const nn::RMSNorm*>(&sub) || dynamic_cast<const nn::LayerNorm*>(&sub);
-    const nn::ParallelStyle* style = tp >= 0 ? style_of(tp_plan, module) : nullptr;
-    const bool colwise = style && std::holds_alternative<nn::ColwiseParallel>(*style);
-    const bool rowwise = style && std::holds_alternative<nn::RowwiseParallel>(*style);
-    // The parameter's compute layout under the tensor parallel plan.
-    Placements compute = replicate;
-    if (linear && colwise) compute[static_cast<size_t>(tp)] = Shard{0};
-    if (linear && rowwise && name == "weight") compute[static_cast<size_t>(tp)] = Shard{1};
-    if (embedding && colwise) compute[static_cast<size_t>(tp)] = Shard{1};
-    if (embedding && rowwise) compute[static_cast<size_t>(tp)] = Shard{0};
-    const Shape shape = param->shape();
-    const DType dtype = param->dtype();
-    const Layout compute_layout(shape, dtype, spec, compute);
-    Layout storage = compute_layout;
-    if (e.fsdp) {
-      const int64_t m = dp.front();
-      std::vector<int64_t> order = compute_layout.shard_order(0);
-      order.push_back(m);
-      storage = Layout(shape, dtype, spec, with(compute, m, Shard{0}), ShardOrder{{0, order}});
-      price(u, storage, compute_layout, microbatches);  // all_gather for the forward
-      price(u, Layout(shape, dtype, spec, with(compute, m, Partial{})), storage, microbatches);  // gradient reduce_scatter
-      u.gather_bytes = std::max(u.gather_bytes, compute_layout.local_shape(origin).numel() * itemsize(dtype));
-    } else if (!dp.empty() || (sp && norm)) {
-      // All-reduce of the gradient over the data-parallel axes, and over tp for a norm that sees
-      // only its sequence shard.
-      Placements partial = compute;
-      for (int64_t m : dp) partial[static_cast<size_t>(m)] = Partial{};
-      if (sp && norm) partial[static_cast<size_t>(tp)] = Partial{};
-      price(u, Layout(shape, dtype, spec, partial), compute_layout, 1);
-    }
-    // Parameter, gradient and AdamW's two moments, by the stored shard (the largest rank's).
-    u.state_bytes += 4 * storage.local_shape(origin).numel() * itemsize(dtype);
-    // A norm saves its input: the whole sequence, or its shard under sequence parallelism.
-    if (norm && name == "weight") u.activation_bytes += tokens / dp_ways * shape[0] / (sp ? tp_ways : 1) * itemsize(dtype);
-    if (name != "weight" || !(linear || embedding)) continue;
-    // Tensor parallel activations [rows, seq, features]. A row-parallel output is all-reduced in
-    // the forward (sequence parallel: reduce-scattered onto sequence shards, and its gradient
-    // all-gathered in the backward). The input of column-parallel siblings (q, k, v share one)
-    // has its gradient all-reduced in the backward (sequence parallel: the input all-gathered
-    // from its shards in the forward, its gradient reduce-scattered back).
-    const auto activation = [&](int64_t features, Placement on_tp) {
-      Placements p = replicate;
-      for (int64_t m : dp) p[static_cast<size_t>(m)] = Shard{0};
-      if (tp >= 0) p[static_cast<size_t>(tp)] = on_tp;
-      return Layout(Shape{rows, seq, features}, dtype, spec, p);
-    };
-    const int64_t in = linear ? linear->in_features() : shape[0], out = linear ? linear->out_features() : shape[1];
-    if (rowwise && !sp) price(u, activation(out, Partial{}), activation(out, Replicate{}), microbatches);
-    if (rowwise && sp) {
-      price(u, activation(out, Partial{}), activation(out, Shard{1}), microbatches);
-      price(u, activation(out, Shard{1}), activation(out, Replicate{}), microbatches);
-    }
-    if (colwise && linear && std::find(colwise_parents.begin(), colwise_parents.end(), parent_of(module)) ==
-                                 colwise_parents.end()) {
-      colwise_parents.push_back(parent_of(module));
-      if (!sp) price(u, activation(in, Partial{}), activation(in, Replicate{}), microbatches);
-      if (sp) {
-        price(u, activation(in, Shard{1}), activation(in, Replicate{}), microbatches);
-        price(u, activation(in, Partial{}), activation(in, Shard{1}), microbatches);
-      }
-    }
-    // Saved activations of a linear layer: its input and output on this rank.
-    if (linear)
-      u.activation_bytes +=
-          tokens / dp_ways * (in / (rowwise ? tp_ways : 1) + out / (colwise ? tp_ways : 1)) * itemsize(dtype);
-  }
-  return units;
-}
-
-
-
-// The memory per rank of units [first, end) holding `held` microbatches' activations: their
-// state, the activations, and the largest FSDP gather (one at a time).
-int64_t memory_of(const std::vector<UnitCost>& units, int64_t first, int64_t end, int64_t held) {
-  int64_t state = 0, activations = 0, gather = 0;
-  for (int64_t u = first; u < end; ++u) {
-    const UnitCost& c = units[static_cast<size_t>(u)];
-    state += c.state_bytes, activations += c.activation_bytes, gather = std::max(gather, c.gather_bytes);
-  }
-  return state + held * activations + gather;
-}
-
 // A candidate's communication and memory without a pipeline: the sum over its units.
 void total(PlanEstimate& e, const std::vector<UnitCost>& units, int64_t budget) {
   e.comm_us = 0, e.comm_calls = 0, e.comm_bytes = 0;
   for (const UnitCost& u : units) e.comm_us += u.comm_us, e.comm_calls += u.calls, e.comm_bytes += u.bytes;
-  e.memory_bytes = memory_of(units, 0, static_cast<int64_t>(units.size()), 1);
+  e.memory_bytes = detail::memory_of(units, 0, static_cast<int64_t>(units.size()), 1);
   e.fits = budget <= 0 || e.memory_bytes <= budget;
 }
 
@@ -293,111 +141,7 @@ void total(PlanEstimate& e, const std::vector<UnitCost>& units, int64_t budget) 
 void estimate(PlanEstimate& e, const Subject& subject, const ParallelizeOptions& options, double compute_us,
               const CostModel& cost, int64_t budget) {
   e.compute_us = compute_us;
-  total(e, price_units(e, subject, subject.model.mesh().spec(), cost, options.batch, options.seq, 1), budget);
-}
-
-// FSDP for some units only (FSDP2's fully_shard per submodule), the rest DDP over the same
-// axis: the subset of units to shard that fits `budget` with the least communication. Memory is
-// each unit's state and activations under its choice plus the largest gather of a sharded unit;
-// for each bound g on that gather, units gathering more stay DDP and the rest are chosen by a
-// Pareto frontier of (memory, communication) over the units. Returns the units to shard (empty:
-// none fits).
-std::vector<int64_t> choose_sharded_units(const std::vector<UnitCost>& ddp, const std::vector<UnitCost>& fsdp,
-                                          int64_t budget) {
-  struct Choice {
-    int64_t memory = 0;
-    double comm = 0;
-    std::vector<int64_t> sharded;
-  };
-  const auto units = static_cast<int64_t>(ddp.size());
-  std::vector<int64_t> bounds;
-  for (const UnitCost& u : fsdp) bounds.push_back(u.gather_bytes);
-  std::sort(bounds.begin(), bounds.end());
-  bounds.erase(std::unique(bounds.begin(), bounds.end()), bounds.end());
-  Choice best;
-  best.comm = std::numeric_limits<double>::infinity();
-  for (int64_t bound : bounds) {
-    std::vector<Choice> frontier(1);
-    for (int64_t u = 0; u < units; ++u) {
-      const UnitCost &d = ddp[static_cast<size_t>(u)], &f = fsdp[static_cast<size_t>(u)];
-      std::vector<Choice> next;
-      for (const Choice& c : frontier) {
-        Choice keep = c;
-        keep.memory += d.state_bytes + d.activation_bytes, keep.comm += d.comm_us;
-        next.push_back(std::move(keep));
-        if (f.gather_bytes > bound) continue;
-        Choice shard = c;
-        shard.memory += f.state_bytes + f.activation_bytes, shard.comm += f.comm_us;
-        shard.sharded.push_back(u);
-        next.push_back(std::move(shard));
-      }
-      // Keep the choices no other beats on both memory and communication.
-      std::sort(next.begin(), next.end(), [](const Choice& a, const Choice& b) {
-        return a.memory != b.memory ? a.memory < b.memory : a.comm < b.comm;
-      });
-      frontier.clear();
-      for (Choice& c : next)
-        if (frontier.empty() || c.comm < frontier.back().comm) frontier.push_back(std::move(c));
-    }
-    for (const Choice& c : frontier)
-      if (!c.sharded.empty() && c.memory + bound <= budget && c.comm < best.comm) best = c;
-  }
-  return best.sharded;
-}
-
-// What a pipeline run of a candidate needs to price a stage of units [first, end).
-struct PipelinePricing {
-  std::vector<UnitCost> units;
-  std::vector<double> compute_us;  // per unit per microbatch, split over the stage's ranks
-  double boundary_us = 0;          // one activation (or its gradient) across a boundary
-  int64_t boundary_bytes = 0;
-  int64_t stages = 1, microbatches = 1;
-  Schedule schedule = Schedule::one_f_one_b;
-
-  // The stage's time per microbatch, with or without its communication.
-  double time_us(int64_t s, int64_t first, int64_t end, bool with_comm) const {
-    double t = 0;
-    for (int64_t u = first; u < end; ++u) {
-      t += compute_us[static_cast<size_t>(u)];
-      if (with_comm) t += units[static_cast<size_t>(u)].comm_us / static_cast<double>(microbatches);
-    }
-    if (with_comm) t += static_cast<double>(boundaries(s)) * boundary_us;
-    return t;
-  }
-  // Stage s receives the activation from s - 1 and the gradient from s + 1.
-  int64_t boundaries(int64_t s) const { return (s > 0 ? 1 : 0) + (s + 1 < stages ? 1 : 0); }
-  // Microbatches whose activations stage s holds at once.
-  int64_t held(int64_t s) const {
-    return schedule == Schedule::gpipe ? microbatches : std::min(microbatches, stages - s);
-  }
-  int64_t memory_bytes(int64_t s, int64_t first, int64_t end) const { return memory_of(units, first, end, held(s)); }
-};
-
-// Stage boundaries minimising the slowest stage's time per microbatch over contiguous runs of
-// at least one unit, among those whose every stage fits `budget` (0: any); dynamic programming
-// over (stage, end unit). Returns the S + 1 boundaries, or none when nothing fits.
-std::vector<int64_t> choose_boundaries(const PipelinePricing& p, int64_t budget) {
-  const int64_t S = p.stages, U = static_cast<int64_t>(p.units.size());
-  constexpr double kNone = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(static_cast<size_t>(S), std::vector<double>(static_cast<size_t>(U + 1), kNone));
-  std::vector<std::vector<int64_t>> from(static_cast<size_t>(S), std::vector<int64_t>(static_cast<size_t>(U + 1), -1));
-  for (int64_t s = 0; s < S; ++s)
-    for (int64_t end = s + 1; end <= U - (S - 1 - s); ++end)
-      for (int64_t first = s == 0 ? 0 : s; first < end && (s > 0 || first == 0); ++first) {
-        const double before = s == 0 ? 0 : best[static_cast<size_t>(s - 1)][static_cast<size_t>(first)];
-        if (before == kNone || (budget > 0 && p.memory_bytes(s, first, end) > budget)) continue;
-        const double slowest = std::max(before, p.time_us(s, first, end, true));
-        if (slowest < best[static_cast<size_t>(s)][static_cast<size_t>(end)]) {
-          best[static_cast<size_t>(s)][static_cast<size_t>(end)] = slowest;
-          from[static_cast<size_t>(s)][static_cast<size_t>(end)] = first;
-        }
-      }
-  if (best[static_cast<size_t>(S - 1)][static_cast<size_t>(U)] == kNone) return {};
-  std::vector<int64_t> bounds(static_cast<size_t>(S + 1));
-  bounds[static_cast<size_t>(S)] = U;
-  for (int64_t s = S - 1; s >= 0; --s)
-    bounds[static_cast<size_t>(s)] = from[static_cast<size_t>(s)][static_cast<size_t>(bounds[static_cast<size_t>(s + 1)])];
-  return bounds;
+  total(e, price(e.strategy, subject, cost, StepShape{options.batch, options.seq, 1}), budget);
 }
 
 // Prices a candidate as the plan inside every stage of a pipeline, choosing its boundaries.
@@ -410,17 +154,17 @@ void estimate_pipeline(PlanEstimate& e, const Subject& subject, const Paralleliz
   p.stages = stages;
   p.microbatches = n;
   p.schedule = options.schedule;
-  p.units = price_units(e, subject, spec, cost, rows, options.seq, n);
+  p.units = price(e.strategy, subject, cost, StepShape{rows, options.seq, n});
   p.compute_us = std::move(unit_compute_us);
-  const int64_t dp_ways = dp_ways_of(e, spec);
+  const int64_t dp_ways = detail::data_parallel_ways(e.strategy, spec);
   p.boundary_bytes = (rows + dp_ways - 1) / dp_ways * options.seq * subject.boundary_features * itemsize(DType::f32);
   p.boundary_us = cost.call_us + static_cast<double>(p.boundary_bytes) / cost.bytes_per_us;
-  std::vector<int64_t> bounds = choose_boundaries(p, budget);
+  std::vector<int64_t> bounds = detail::choose_boundaries(p, budget);
   e.fits = !bounds.empty();
-  if (!e.fits) bounds = choose_boundaries(p, 0);
+  if (!e.fits) bounds = detail::choose_boundaries(p, 0);
   // The step: the first microbatch through every stage, then one per microbatch at the slowest.
   double total = 0, slowest = 0, compute_total = 0, compute_slowest = 0;
-  std::string layout;
+  PipelineStages pipeline{options.pipeline_axis, {}, {}};
   for (int64_t s = 0; s < stages; ++s) {
     const int64_t first = bounds[static_cast<size_t>(s)], end = bounds[static_cast<size_t>(s + 1)];
     const double t = p.time_us(s, first, end, true), c = p.time_us(s, first, end, false);
@@ -431,13 +175,13 @@ void estimate_pipeline(PlanEstimate& e, const Subject& subject, const Paralleliz
       calls += p.units[static_cast<size_t>(u)].calls, bytes += p.units[static_cast<size_t>(u)].bytes;
       for (std::string& m : subject.unit_modules(u)) modules.push_back(std::move(m));
     }
-    e.stages.push_back(std::move(modules));
+    pipeline.modules.push_back(std::move(modules));
     e.comm_calls = std::max(e.comm_calls, calls);
     e.comm_bytes = std::max(e.comm_bytes, bytes);
     e.memory_bytes = std::max(e.memory_bytes, p.memory_bytes(s, first, end));
-    if (s > 0) layout += '|';
-    layout += subject.unit_label(first);
-    if (end - first > 1) layout += '-', layout += subject.unit_label(end - 1);
+    std::string units = subject.unit_label(first);
+    if (end - first > 1) units.append("-").append(subject.unit_label(end - 1));
+    pipeline.units.push_back(std::move(units));
   }
   // The critical path, unless the ranks sharing a host's cores cannot do their work in that
   // time: then the host's work over its cores (each stage's ranks alike, `sharing` ranks a core).
@@ -446,9 +190,7 @@ void estimate_pipeline(PlanEstimate& e, const Subject& subject, const Paralleliz
   e.compute_us = std::max(compute_total + static_cast<double>(n - 1) * compute_slowest, throughput);
   e.comm_us = std::max(critical, throughput + (critical - compute_total - static_cast<double>(n - 1) * compute_slowest)) -
               e.compute_us;
-  std::string name = "pp(";
-  name += options.pipeline_axis, name += ")[", name += layout, name += "] + ", name += e.name;
-  e.name = std::move(name);
+  e.strategy.pipeline = std::move(pipeline);
 }
 
 std::string mib(int64_t bytes) {
@@ -466,10 +208,10 @@ std::string ParallelPlan::to_string() const {
                 "comm us", "calls", "comm bytes", "memory/rank", "");
   out << line;
   for (const PlanEstimate& e : candidates) {
-    std::snprintf(line, sizeof line, "%-40s %12.0f %12.0f %12.0f %7lld %12lld %14s  %s\n", e.name.c_str(),
+    std::snprintf(line, sizeof line, "%-40s %12.0f %12.0f %12.0f %7lld %12lld %14s  %s\n", e.name().c_str(),
                   e.estimated_us(), e.compute_us, e.comm_us, static_cast<long long>(e.comm_calls),
                   static_cast<long long>(e.comm_bytes), mib(e.memory_bytes).c_str(),
-                  e.name == chosen.name ? "<- chosen" : (e.fits ? "" : "over budget"));
+                  e.strategy == chosen.strategy ? "<- chosen" : (e.fits ? "" : "over budget"));
     out << line;
   }
   return out.str();
@@ -497,7 +239,9 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
     cost.call_us = std::max(cost.call_us, call);
   }
   result.cost = cost;
-  result.candidates = candidates_of(model.mesh().spec(), subject.tensor_parallel, subject.sequence_parallel);
+  for (ParallelStrategy& s :
+       detail::candidate_strategies(model.mesh().spec(), subject.tensor_parallel, subject.sequence_parallel))
+    result.candidates.push_back(PlanEstimate{std::move(s)});
   // A rank's compute under a plan splitting the batch (or the features) `ways` ways: the
   // unsharded step (pipelined: each unit at one microbatch) measured at the rank's share of the
   // rows, so that the per-op costs that do not shrink with the shard are counted; or a given
@@ -525,7 +269,7 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
     return measured.emplace(ways, std::move(us)).first->second;
   };
   for (PlanEstimate& e : result.candidates) {
-    const std::vector<double>& compute = compute_of(ways_of(e, model.mesh().spec()));
+    const std::vector<double>& compute = compute_of(detail::compute_ways(e.strategy, model.mesh().spec()));
     if (pipelined)
       estimate_pipeline(e, subject, options, compute, static_cast<int64_t>(result.stage_meshes.size()), sharing, cost,
                         memory_budget_bytes);
@@ -537,27 +281,23 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
   if (!pipelined && memory_budget_bytes > 0) {
     std::vector<PlanEstimate> mixed;
     for (const PlanEstimate& d : result.candidates) {
-      if (d.fsdp || d.fits || d.dp_axes.size() != 1) continue;
-      PlanEstimate f = d;
-      f.fsdp = true;
-      const MeshSpec& spec = model.mesh().spec();
-      const std::vector<UnitCost> ddp_units = price_units(d, subject, spec, cost, options.batch, options.seq, 1);
-      const std::vector<UnitCost> fsdp_units = price_units(f, subject, spec, cost, options.batch, options.seq, 1);
-      const std::vector<int64_t> sharded = choose_sharded_units(ddp_units, fsdp_units, memory_budget_bytes);
+      if (d.strategy.data.sharded || d.fits || d.strategy.data.axes.size() != 1) continue;
+      ParallelStrategy fsdp = d.strategy;
+      fsdp.data.sharded = true;
+      const StepShape step{options.batch, options.seq, 1};
+      const std::vector<UnitCost> ddp_units = price(d.strategy, subject, cost, step);
+      const std::vector<UnitCost> fsdp_units = price(fsdp, subject, cost, step);
+      const std::vector<int64_t> sharded = detail::choose_sharded_units(ddp_units, fsdp_units, memory_budget_bytes);
       if (sharded.empty() || static_cast<int64_t>(sharded.size()) == subject.units) continue;
       PlanEstimate e = d;
-      e.fsdp = true;
+      e.strategy = fsdp;
       std::vector<UnitCost> units = ddp_units;
-      std::string labels;
       for (int64_t u : sharded) {
         units[static_cast<size_t>(u)] = fsdp_units[static_cast<size_t>(u)];
-        for (std::string& m : subject.unit_modules(u)) e.fsdp_modules.push_back(std::move(m));
-        if (!labels.empty()) labels += ',';
-        labels += subject.unit_label(u);
+        for (std::string& m : subject.unit_modules(u)) e.strategy.data.sharded_modules.push_back(std::move(m));
+        e.strategy.data.sharded_units.push_back(subject.unit_label(u));
       }
       total(e, units, memory_budget_bytes);
-      const std::string plain = "ddp(" + d.dp_axes.front() + ")";
-      e.name = d.name.substr(0, d.name.find(plain)) + "fsdp(" + d.dp_axes.front() + ")[" + labels + "] + " + plain;
       mixed.push_back(std::move(e));
     }
     for (PlanEstimate& e : mixed) result.candidates.push_back(std::move(e));
@@ -569,12 +309,12 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
     if (e.fits && (!best || e.estimated_us() < best->estimated_us())) best = &e;
   }
   TESSERA_CHECK(best != nullptr, ValueError, "parallelize", "no plan fits the memory budget of ",
-                mib(memory_budget_bytes), " per rank on ", mesh.to_string(), "; the smallest, ", smallest->name,
+                mib(memory_budget_bytes), " per rank on ", mesh.to_string(), "; the smallest, ", smallest->name(),
                 ", needs ", mib(smallest->memory_bytes));
   result.chosen = *best;
   const MeshSpec& spec = model.mesh().spec();
   result.data.assign(static_cast<size_t>(spec.ndim()), Replicate{});
-  for (const auto& a : best->dp_axes) result.data[static_cast<size_t>(spec.dim_of(a, "parallelize"))] = Shard{0};
+  for (const auto& a : best->strategy.data.axes) result.data[static_cast<size_t>(spec.dim_of(a, "parallelize"))] = Shard{0};
   return result;
 }
 
@@ -589,6 +329,7 @@ Subject lm_subject(nn::TransformerLM& model, const ParallelizeOptions& options) 
   s.tensor_parallel = s.sequence_parallel = true;
   s.step_us = [&model, options](int64_t rows) { return measure_unsharded_step_us(model, rows, options); };
   s.boundary_features = model.config().dim;
+  s.parameters = describe_parameters(s);
   return s;
 }
 
@@ -612,14 +353,15 @@ Subject module_subject(nn::Module& model, const ParallelizeOptions& options) {
   s.step_us = [&model, loss = options.loss](int64_t rows) {
     return time_step_us([&] { loss(rows).backward(); }, model, model.mesh());
   };
+  s.parameters = describe_parameters(s);
   return s;
 }
 
-void apply(nn::Module& model, const PlanEstimate& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan) {
-  if (!plan.tp_axis.empty()) nn::parallelize_module(model, plan.tp_axis, tp_plan);
-  if (plan.fsdp && plan.fsdp_modules.empty()) nn::fully_shard(model, plan.dp_axes.front());
-  for (const std::string& module : plan.fsdp_modules)
-    nn::fully_shard(module.empty() ? model : model.submodule(module), plan.dp_axes.front());
+void apply(nn::Module& model, const ParallelStrategy& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan) {
+  if (plan.tensor) nn::parallelize_module(model, plan.tensor->axis, tp_plan);
+  if (plan.data.sharded && plan.data.sharded_modules.empty()) nn::fully_shard(model, plan.data.axes.front());
+  for (const std::string& module : plan.data.sharded_modules)
+    nn::fully_shard(module.empty() ? model : model.submodule(module), plan.data.axes.front());
 }
 
 void print_plan(const ParallelPlan& result, const DeviceMesh& mesh, int64_t memory_budget_bytes,
@@ -689,7 +431,7 @@ ParallelPlan parallelize(nn::TransformerLM& model, const DeviceMesh& mesh, int64
                          const ParallelizeOptions& options) {
   ParallelPlan result = plan_parallelism(model, mesh, memory_budget_bytes, options);
   print_plan(result, mesh, memory_budget_bytes, options);
-  apply_plan(model, result.chosen);
+  apply_plan(model, result.chosen.strategy);
   return result;
 }
 
@@ -700,26 +442,27 @@ ParallelPlan parallelize(nn::Module& model, const DeviceMesh& mesh, int64_t memo
                 model.mesh().to_string(), ", not on ", mesh.to_string());
   ParallelPlan result = plan_parallelism(model, memory_budget_bytes, options);
   print_plan(result, mesh, memory_budget_bytes, options);
-  apply(model, result.chosen, options.tp_plan);
+  apply(model, result.chosen.strategy, options.tp_plan);
   return result;
 }
 
-void apply_plan(nn::TransformerLM& model, const PlanEstimate& plan) {
-  apply(model, plan, nn::transformer_tp_plan(plan.sequence_parallel));
+void apply_plan(nn::TransformerLM& model, const ParallelStrategy& plan) {
+  apply(model, plan, nn::transformer_tp_plan(plan.tensor && plan.tensor->sequence_parallel));
 }
 
-void apply_plan(nn::Module& model, const PlanEstimate& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan) {
+void apply_plan(nn::Module& model, const ParallelStrategy& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan) {
   apply(model, plan, tp_plan);
 }
 
 Pipeline make_pipeline(nn::TransformerLM& model, const ParallelPlan& plan) {
-  TESSERA_CHECK(!plan.pipeline_axis.empty(), ValueError, "make_pipeline", "the plan ", plan.chosen.name,
+  TESSERA_CHECK(!plan.pipeline_axis.empty() && plan.chosen.strategy.pipeline, ValueError, "make_pipeline", "the plan ", plan.chosen.name(),
                 " has no pipeline axis (set ParallelizeOptions::pipeline_axis)");
   std::vector<Stage> stages;
   int64_t first = 0;
-  for (size_t s = 0; s < plan.chosen.stages.size(); ++s) {
+  const std::vector<std::vector<std::string>>& modules = plan.chosen.strategy.pipeline->modules;
+  for (size_t s = 0; s < modules.size(); ++s) {
     int64_t end = first;
-    for (const std::string& module : plan.chosen.stages[s])
+    for (const std::string& module : modules[s])
       end = std::max(end, detail::unit_of(model, module + ".") + 1);
     stages.push_back({plan.stage_meshes[s], [&model, first, end](const DTensor& x) {
                         return model.forward_units(first, end, x);
@@ -741,8 +484,8 @@ std::vector<DTensor*> stage_parameters(nn::TransformerLM& model, const ParallelP
     if (plan.stage_meshes[s].is_member()) mine = static_cast<int64_t>(s);
   for (const auto& [path, p] : model.named_parameters()) {
     bool keep = plan.pipeline_axis.empty();
-    if (mine >= 0)
-      for (const std::string& module : plan.chosen.stages[static_cast<size_t>(mine)])
+    if (mine >= 0 && plan.chosen.strategy.pipeline)
+      for (const std::string& module : plan.chosen.strategy.pipeline->modules[static_cast<size_t>(mine)])
         keep = keep || path.rfind(module + ".", 0) == 0;
     if (keep) params.push_back(p);
   }

@@ -76,24 +76,55 @@ struct ParallelizeOptions {
   double ranks_per_core = 0;
 };
 
+/// Tensor parallelism: the Megatron plan over one axis (transformer_tp_plan, or the module's).
+struct TensorParallel {
+  std::string axis;
+  bool sequence_parallel = false;  ///< the norms on sequence shards of the axis (transformer_tp_plan(true))
+  bool operator==(const TensorParallel&) const = default;
+};
+
+/// Data parallelism: the axes splitting the batch, the parameters replicated (DDP) or sharded
+/// (FSDP, over one axis).
+struct DataParallel {
+  std::vector<std::string> axes;
+  bool sharded = false;
+  /// With sharded: the module paths sharded (FSDP2's fully_shard per submodule), the rest DDP
+  /// over the same axis; empty: every module. parallelize considers it where a plan's DDP form
+  /// does not fit the budget, choosing the units whose sharding fits with the least communication.
+  std::vector<std::string> sharded_modules;
+  std::vector<std::string> sharded_units;  ///< their units' labels ("b0", "head"), for the name
+  bool operator==(const DataParallel&) const = default;
+};
+
+/// A pipeline: the mesh axis whose slices are the stages, each stage's module paths.
+struct PipelineStages {
+  std::string axis;
+  std::vector<std::vector<std::string>> modules;  ///< {"tok", "pos", "blocks.0"}, ...
+  std::vector<std::string> units;                 ///< each stage's units, "emb-b1", for the name
+  bool operator==(const PipelineStages&) const = default;
+};
+
+/// How a plan parallelizes a model: what apply_plan applies.
+struct ParallelStrategy {
+  std::optional<PipelineStages> pipeline;
+  std::optional<TensorParallel> tensor;
+  DataParallel data;
+  /// The plan's name, the one place it is built: its parts joined by " + ", in the order
+  /// pipeline, tensor, data: "pp(pp)[emb-b1|b2-head] + tp+sp(tp) + fsdp(dp)", "ddp(x,y)",
+  /// "fsdp(x)[b0,head] + ddp(x)" (FSDP of some units, DDP of the rest).
+  std::string to_string() const;
+  bool operator==(const ParallelStrategy&) const = default;
+};
+
 /// One candidate plan and its estimate.
 struct PlanEstimate {
-  std::string name;                  ///< "tp(tp) + fsdp(dp)", "ddp(x)", ...
-  std::string tp_axis;               ///< empty: no tensor parallelism
-  bool sequence_parallel = false;    ///< the norms on sequence shards of the tp axis (transformer_tp_plan(true))
-  std::vector<std::string> dp_axes;  ///< the axes splitting the batch
-  bool fsdp = false;                 ///< parameters sharded over dp_axes (one axis)
-  /// With fsdp: the module paths sharded (FSDP2's fully_shard per submodule), the rest DDP over
-  /// the same axis; empty: every module. parallelize considers it where a plan's DDP form does not
-  /// fit the budget, choosing the units whose sharding fits with the least communication.
-  std::vector<std::string> fsdp_modules;
-  /// With a pipeline axis: each stage's module paths ({"tok", "pos", "blocks.0"}, ...).
-  std::vector<std::vector<std::string>> stages;
+  ParallelStrategy strategy;
   double compute_us = 0, comm_us = 0;
   int64_t comm_calls = 0, comm_bytes = 0;  ///< per rank per step (the busiest rank's receives)
   int64_t memory_bytes = 0;                ///< per rank
   bool fits = true;
   double estimated_us() const { return compute_us + comm_us; }
+  std::string name() const { return strategy.to_string(); }
 };
 
 struct ParallelPlan {
@@ -137,14 +168,15 @@ ParallelPlan plan_parallelism(nn::Module& model, int64_t memory_budget_bytes, co
 ParallelPlan parallelize(nn::Module& model, const DeviceMesh& mesh, int64_t memory_budget_bytes,
                          const ParallelizeOptions& options);
 
-/// Applies one candidate to an unsharded model on its mesh (a stage's mesh for a pipeline):
-/// parallelize_module over the tp axis, fully_shard over the dp axis (on fsdp_modules only where
-/// given). parallelize applies its choice so.
-void apply_plan(nn::TransformerLM& model, const PlanEstimate& plan);
+/// Applies one candidate's strategy to an unsharded model on its mesh (a stage's mesh for a
+/// pipeline): parallelize_module over the tp axis, fully_shard over the dp axis (on
+/// sharded_modules only where given). parallelize applies its choice so.
+void apply_plan(nn::TransformerLM& model, const ParallelStrategy& plan);
 /// The same for any module, with its tensor parallel plan.
-void apply_plan(nn::Module& model, const PlanEstimate& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan);
+void apply_plan(nn::Module& model, const ParallelStrategy& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan);
 
-/// The pipeline of a plan with a pipeline axis: stage s runs plan.chosen.stages[s]'s modules of
+/// The pipeline of a plan with a pipeline axis: stage s runs plan.chosen.strategy.pipeline's
+/// modules[s] of
 /// `model` (this rank's copy) on plan.stage_meshes[s], the loss the model's next-token
 /// cross-entropy. Its step takes tokens on the first stage's mesh and targets on the last's, both
 /// placed as plan.data. Throws ValueError for a plan without a pipeline axis.

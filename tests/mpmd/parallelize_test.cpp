@@ -34,6 +34,8 @@ nn::TransformerConfig config(int64_t dim, int64_t hidden, int64_t vocab, int64_t
   return c;
 }
 
+bool sequence_parallel(const PlanEstimate& e) { return e.strategy.tensor && e.strategy.tensor->sequence_parallel; }
+
 ParallelizeOptions shapes(int64_t batch, int64_t seq) {
   ParallelizeOptions o;
   o.batch = batch;
@@ -53,21 +55,21 @@ TEST(Parallelize, ChoosesTheObviousPlan) {
       // 16384 tokens of width 8 against a few hundred parameters: data parallel.
       nn::TransformerLM model(mesh, config(8, 16, 8, 64));
       const ParallelPlan plan = plan_parallelism(model, 0, shapes(256, 64));
-      EXPECT_EQ(plan.chosen.name, "ddp(x)") << plan.to_string();
+      EXPECT_EQ(plan.chosen.name(), "ddp(x)") << plan.to_string();
       EXPECT_EQ(plan.data, (Placements{Shard{0}}));
     }
     {
       // 2 tokens against 100k parameters: tensor parallel.
       nn::TransformerLM model(mesh, config(64, 256, 64, 4));
       const ParallelPlan plan = plan_parallelism(model, 0, shapes(1, 2));
-      EXPECT_EQ(plan.chosen.name, "tp(x)") << plan.to_string();
+      EXPECT_EQ(plan.chosen.name(), "tp(x)") << plan.to_string();
       EXPECT_EQ(plan.data, (Placements{Replicate{}}));
       // Replicated parameters and moments over the budget: a sharded plan, within it.
       int64_t ddp_memory = 0;
       for (const PlanEstimate& e : plan.candidates)
-        if (e.name == "ddp(x)") ddp_memory = e.memory_bytes;
+        if (e.name() == "ddp(x)") ddp_memory = e.memory_bytes;
       const ParallelPlan tight = plan_parallelism(model, ddp_memory - 1, shapes(8, 4));
-      EXPECT_NE(tight.chosen.name, "ddp(x)") << tight.to_string();
+      EXPECT_NE(tight.chosen.name(), "ddp(x)") << tight.to_string();
       EXPECT_LE(tight.chosen.memory_bytes, ddp_memory - 1);
       EXPECT_TRUE(throws_with<ValueError>([&] { plan_parallelism(model, 1, shapes(8, 4)); },
                                           {"[parallelize]", "no plan fits the memory budget", "the smallest"}));
@@ -87,25 +89,25 @@ TEST(Parallelize, FullyShardsOnlyTheLayersItMust) {
     const PlanEstimate* ddp = nullptr;
     const PlanEstimate* fsdp = nullptr;
     for (const PlanEstimate& e : free.candidates) {
-      if (e.name == "ddp(x)") ddp = &e;
-      if (e.name == "fsdp(x)") fsdp = &e;
+      if (e.name() == "ddp(x)") ddp = &e;
+      if (e.name() == "fsdp(x)") fsdp = &e;
     }
     ASSERT_TRUE(ddp && fsdp) << free.to_string();
     const int64_t budget = (ddp->memory_bytes + fsdp->memory_bytes) / 2;
     const ParallelPlan plan = plan_parallelism(model, budget, shapes(32, 16));
     const PlanEstimate* mixed = nullptr;
     for (const PlanEstimate& e : plan.candidates)
-      if (e.fsdp && !e.fsdp_modules.empty() && e.tp_axis.empty()) mixed = &e;
+      if (e.strategy.data.sharded && !e.strategy.data.sharded_modules.empty() && !e.strategy.tensor) mixed = &e;
     ASSERT_TRUE(mixed) << plan.to_string();
     EXPECT_TRUE(mixed->fits);
     EXPECT_LE(mixed->memory_bytes, budget);
     EXPECT_LT(mixed->comm_us, fsdp->comm_us) << plan.to_string();
-    EXPECT_NE(mixed->name.find("fsdp(x)["), std::string::npos);
-    EXPECT_NE(mixed->name.find("] + ddp(x)"), std::string::npos);
+    EXPECT_NE(mixed->name().find("fsdp(x)["), std::string::npos);
+    EXPECT_NE(mixed->name().find("] + ddp(x)"), std::string::npos);
     // Applied: the chosen modules sharded, the others replicated; the loss is the unsharded one.
     manual_seed(3);
     nn::TransformerLM reference(mesh, c);
-    apply_plan(model, *mixed);
+    apply_plan(model, mixed->strategy);
     int64_t sharded = 0;
     for (const auto& [path, p] : model.named_parameters()) sharded += p->layout().is_replicated() ? 0 : 1;
     EXPECT_GT(sharded, 0);
@@ -133,18 +135,19 @@ TEST(Parallelize, SequenceParallelWhereOnlyItFits) {
     for (const PlanEstimate& e : all.candidates) smallest = std::min(smallest, e.memory_bytes);
     for (const PlanEstimate& e : all.candidates) {
       if (e.memory_bytes == smallest) {
-        EXPECT_TRUE(e.sequence_parallel && e.fsdp) << e.name << "\n" << all.to_string();
+        EXPECT_TRUE(sequence_parallel(e) && e.strategy.data.sharded) << e.name() << "\n" << all.to_string();
       }
       // The same plan without sequence parallelism holds more.
-      if (!e.sequence_parallel) continue;
+      if (!sequence_parallel(e)) continue;
       for (const PlanEstimate& f : all.candidates) {
-        if (!f.sequence_parallel && f.tp_axis == e.tp_axis && f.fsdp == e.fsdp && f.dp_axes == e.dp_axes) {
-          EXPECT_LT(e.memory_bytes, f.memory_bytes) << e.name;
+        if (!sequence_parallel(f) && f.strategy.tensor->axis == e.strategy.tensor->axis &&
+            f.strategy.data == e.strategy.data) {
+          EXPECT_LT(e.memory_bytes, f.memory_bytes) << e.name();
         }
       }
     }
     const ParallelPlan tight = plan_parallelism(model, smallest, shapes(8, 64));
-    EXPECT_TRUE(tight.chosen.sequence_parallel && tight.chosen.fsdp) << tight.to_string();
+    EXPECT_TRUE(sequence_parallel(tight.chosen) && tight.chosen.strategy.data.sharded) << tight.to_string();
   });
 }
 
@@ -168,11 +171,11 @@ TEST(Parallelize, EveryCandidateComputesTheUnshardedLoss) {
     for (const PlanEstimate& e : plan.candidates) {
       manual_seed(5);
       nn::TransformerLM model(mesh, c);
-      apply_plan(model, e);
+      apply_plan(model, e.strategy);
       Placements data = whole;
-      for (const auto& a : e.dp_axes) data[static_cast<size_t>(mesh.spec().dim_of(a))] = Shard{0};
+      for (const auto& a : e.strategy.data.axes) data[static_cast<size_t>(mesh.spec().dim_of(a))] = Shard{0};
       const DTensor loss = model.loss(distribute_tensor(tokens, mesh, data), distribute_tensor(targets, mesh, data));
-      EXPECT_NEAR(loss.full_tensor().item<double>(), expected, 1e-5) << e.name;
+      EXPECT_NEAR(loss.full_tensor().item<double>(), expected, 1e-5) << e.name();
     }
   });
 }
@@ -189,7 +192,7 @@ TEST(Parallelize, AppliesThePlanItChose) {
     manual_seed(7);
     nn::TransformerLM reference(mesh, c);
     const ParallelPlan plan = parallelize(model, mesh, 0, shapes(4, 8));
-    EXPECT_FALSE(plan.chosen.name.empty());
+    EXPECT_FALSE(plan.chosen.name().empty());
     std::vector<int64_t> ids(32), next(32);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 16), next[i] = static_cast<int64_t>(i * 3 % 16);
     const Tensor tokens = from_vector(ids, Shape{4, 8}), targets = from_vector(next, Shape{4, 8});
@@ -198,7 +201,7 @@ TEST(Parallelize, AppliesThePlanItChose) {
     const DTensor expected = reference.loss(distribute_tensor(tokens, mesh, whole), distribute_tensor(targets, mesh, whole));
     EXPECT_NEAR(loss.full_tensor().item<double>(), expected.full_tensor().item<double>(), 1e-5) << plan.to_string();
     // Applying again refuses: the model is sharded now (unless the plan left it replicated).
-    if (!plan.chosen.tp_axis.empty() || plan.chosen.fsdp) {
+    if (plan.chosen.strategy.tensor || plan.chosen.strategy.data.sharded) {
       EXPECT_TRUE(sharding_error([&] { parallelize(model, mesh, 0, shapes(4, 8)); }, {"[parallelize]", "already"}));
     }
     const DeviceMesh other({n}, {"x"});
@@ -234,12 +237,12 @@ TEST(Parallelize, ChoosesStageBoundariesThatBalanceTheStages) {
     nn::TransformerLM model(my_stage(mesh), c);
     // Unit times dwarf this small model's communication, so they decide.
     const ParallelPlan even = plan_parallelism(model, mesh, 0, pipelined(8, 8, 4, {100, 1e4, 1e4, 1e4, 1e4, 100}));
-    EXPECT_EQ(even.chosen.stages,
+    EXPECT_EQ(even.chosen.strategy.pipeline->modules,
               (std::vector<std::vector<std::string>>{{"tok", "pos", "blocks.0", "blocks.1"},
                                                      {"blocks.2", "blocks.3", "norm", "head"}}))
         << even.to_string();
     EXPECT_EQ(even.stage_meshes.size(), 2u);
-    EXPECT_NE(even.chosen.name.find("pp(pp)[emb-b1|b2-head]"), std::string::npos) << even.to_string();
+    EXPECT_NE(even.chosen.name().find("pp(pp)[emb-b1|b2-head]"), std::string::npos) << even.to_string();
     // (n - 1 + S) microbatch slots of the slowest stage: 5 x ~20.1 ms / ways.
     const double ways = static_cast<double>(n / 2);
     EXPECT_NEAR(even.chosen.compute_us, 5 * 20100 / ways, 1.0) << even.to_string();
@@ -250,7 +253,7 @@ TEST(Parallelize, ChoosesStageBoundariesThatBalanceTheStages) {
     EXPECT_NEAR(plan_parallelism(model, mesh, 0, crowded).chosen.compute_us, 4 * 4 * 20100 / ways, 1.0);
     const ParallelPlan heavy_head =
         plan_parallelism(model, mesh, 0, pipelined(8, 8, 4, {100, 1e4, 1e4, 1e4, 1e4, 3.5e4}));
-    EXPECT_EQ(heavy_head.chosen.stages,
+    EXPECT_EQ(heavy_head.chosen.strategy.pipeline->modules,
               (std::vector<std::vector<std::string>>{{"tok", "pos", "blocks.0", "blocks.1", "blocks.2", "blocks.3"},
                                                      {"norm", "head"}}))
         << heavy_head.to_string();
@@ -260,7 +263,7 @@ TEST(Parallelize, ChoosesStageBoundariesThatBalanceTheStages) {
     gpipe.schedule = Schedule::gpipe;
     const ParallelPlan all_held = plan_parallelism(model, mesh, 0, gpipe);
     for (size_t i = 0; i < even.candidates.size(); ++i)
-      EXPECT_LT(even.candidates[i].memory_bytes, all_held.candidates[i].memory_bytes) << even.candidates[i].name;
+      EXPECT_LT(even.candidates[i].memory_bytes, all_held.candidates[i].memory_bytes) << even.candidates[i].name();
   });
 }
 
@@ -277,7 +280,8 @@ TEST(Parallelize, PipelinePlanTrainsLikeTheUnsplitModel) {
     manual_seed(11);
     nn::TransformerLM reference(mesh, c);
     const ParallelPlan plan = parallelize(model, mesh, 0, pipelined(4, 8, 2, {}));
-    ASSERT_EQ(plan.chosen.stages.size(), 2u) << plan.to_string();
+    ASSERT_TRUE(plan.chosen.strategy.pipeline) << plan.to_string();
+    ASSERT_EQ(plan.chosen.strategy.pipeline->modules.size(), 2u) << plan.to_string();
     Pipeline pipeline = make_pipeline(model, plan);
     std::vector<int64_t> ids(32), next(32);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i * 5 % 16), next[i] = static_cast<int64_t>(i * 3 % 16);
@@ -348,16 +352,16 @@ TEST(Parallelize, AnyModuleWithItsTensorParallelPlan) {
     options.tp_plan = {{"fc1", nn::ColwiseParallel{}}, {"fc2", nn::RowwiseParallel{}}};
     options.loss = [&](int64_t rows) { return sum(mlp.forward(input(rows, {Replicate{}}))); };
     // Four tokens against 33k parameters: tensor parallel; 16k tokens: data parallel.
-    EXPECT_EQ(plan_parallelism(mlp, 0, options).chosen.name, "tp(x)") << plan_parallelism(mlp, 0, options).to_string();
+    EXPECT_EQ(plan_parallelism(mlp, 0, options).chosen.name(), "tp(x)") << plan_parallelism(mlp, 0, options).to_string();
     ParallelizeOptions many = options;
     many.batch = 4096;
-    EXPECT_EQ(plan_parallelism(mlp, 0, many).chosen.name, "ddp(x)") << plan_parallelism(mlp, 0, many).to_string();
+    EXPECT_EQ(plan_parallelism(mlp, 0, many).chosen.name(), "ddp(x)") << plan_parallelism(mlp, 0, many).to_string();
     // The step timed by the module's own loss (no given time): every candidate priced.
     ParallelizeOptions timed = options;
     timed.unsharded_step_us = 0;
     const ParallelPlan measured = plan_parallelism(mlp, 0, timed);
     ASSERT_EQ(measured.candidates.size(), 3u) << measured.to_string();
-    for (const PlanEstimate& e : measured.candidates) EXPECT_GT(e.compute_us, 0) << e.name;
+    for (const PlanEstimate& e : measured.candidates) EXPECT_GT(e.compute_us, 0) << e.name();
     // Each module owning parameters is a unit: under a budget a quarter of the way from DDP's
     // footprint to FSDP's (sharding one layer saves half of the difference, less its gather),
     // FSDP covers one of the two layers.
@@ -366,11 +370,11 @@ TEST(Parallelize, AnyModuleWithItsTensorParallelPlan) {
     const ParallelPlan free = plan_parallelism(mlp, 0, mid);
     const int64_t budget = free.candidates[0].memory_bytes - (free.candidates[0].memory_bytes - free.candidates[1].memory_bytes) / 4;
     const ParallelPlan tight = plan_parallelism(mlp, budget, mid);
-    EXPECT_EQ(tight.chosen.fsdp_modules.size(), 1u) << tight.to_string();
+    EXPECT_EQ(tight.chosen.strategy.data.sharded_modules.size(), 1u) << tight.to_string();
     EXPECT_LE(tight.chosen.memory_bytes, budget);
     // Applied (tensor parallel here): the output equals the unsharded module's.
     const ParallelPlan applied = parallelize(mlp, mesh, 0, options);
-    EXPECT_EQ(applied.chosen.name, "tp(x)");
+    EXPECT_EQ(applied.chosen.name(), "tp(x)");
     EXPECT_FALSE(mlp.submodule("fc1").parameter("weight").layout().is_replicated());
     EXPECT_TRUE(allclose(mlp.forward(input(3, applied.data)).full_tensor(),
                          reference.forward(input(3, {Replicate{}})).full_tensor(), 1e-5, 1e-6));
