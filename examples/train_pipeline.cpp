@@ -151,14 +151,14 @@ int main(int argc, char** argv) {
                 << mm.global().to_string() << " ("
                 << (options.interleaved ? "interleaved 1F1B" : options.gpipe ? "GPipe" : "1F1B") << ", "
                 << options.microbatches << " microbatches of a batch of " << kRows << ")\n";
-      const auto& paths = plan ? plan->chosen.stages : options.interleaved ? kChunkPaths : kStagePaths;
+      const auto& paths = plan ? plan->chosen.strategy.pipeline->modules : options.interleaved ? kChunkPaths : kStagePaths;
       for (size_t s = 0; s < paths.size(); ++s) {
         std::cout << "  stage " << s << " on " << stage_meshes[s % 2].to_string() << ":";
         for (const std::string& p : paths[s]) std::cout << ' ' << p;
         std::cout << "\n";
       }
       std::cout << "  inside each stage: "
-                << (plan ? plan->chosen.name
+                << (plan ? plan->chosen.name()
                          : "tp splits heads, MLP hidden and vocabulary; dp splits the batch, parameters fully sharded")
                 << "\n\nschedule:\n"
                 << pipeline.describe() << "\n";

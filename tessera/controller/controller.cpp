@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include <tessera/comm/mpi/mpi.hpp>
+#include <tessera/comm/word_messages.hpp>
 #include <tessera/controller/detail/command.hpp>
 #include <tessera/controller/detail/wire.hpp>
 #include <tessera/mesh/device_mesh.hpp>
@@ -48,17 +49,13 @@ void ControllerState::send(const std::vector<int>& ranks, std::shared_ptr<const 
     for (int r : ranks) ports[static_cast<size_t>(r)]->route(command);
     return;
   }
-  auto words = std::make_shared<std::vector<int64_t>>(encode_command(*command));
-  auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(words->size()));
+  auto words = std::make_shared<const std::vector<int64_t>>(encode_command(*command));
   Communicator& comm = world();
-  for (int r : ranks) {
-    outbox.emplace_back(comm.isend(length->data(), 1, DType::i64, r, kCommandLengthTag), length);
-    outbox.emplace_back(comm.isend(words->data(), static_cast<int64_t>(words->size()), DType::i64, r, kCommandTag),
-                        words);
-  }
+  for (int r : ranks)
+    for (Work& w : isend_words(comm, words, r, kCommandLengthTag, kCommandTag)) outbox.push_back(std::move(w));
   // Forget the sends that finished (a failed one throws here).
-  const auto done = std::partition(outbox.begin(), outbox.end(), [](const auto& w) { return !w.first.is_completed(); });
-  for (auto it = done; it != outbox.end(); ++it) it->first.wait();
+  const auto done = std::partition(outbox.begin(), outbox.end(), [](const Work& w) { return !w.is_completed(); });
+  for (auto it = done; it != outbox.end(); ++it) it->wait();
   outbox.erase(done, outbox.end());
 }
 
@@ -91,11 +88,7 @@ void expect_reply(ControllerState& state, const std::shared_ptr<FutureState<T>>&
   future->pull = [worker, request, mesh](FutureState<T>& f) {
     Communicator& comm = world();
     const int tag = reply_tag(request);
-    int64_t length = 0;
-    wait_polling(comm.irecv(&length, 1, DType::i64, worker, tag));
-    std::vector<int64_t> words(static_cast<size_t>(length));
-    wait_polling(comm.irecv(words.data(), length, DType::i64, worker, tag));
-    const Reply reply = decode_reply(words);
+    const Reply reply = decode_reply(recv_words(comm, worker, tag, tag, wait_polling));
     if (!reply.ok) return f.fail(reply.error);
     if constexpr (std::is_same_v<T, Tensor>) {
       Tensor t = empty(reply.shape, reply.dtype);
@@ -228,7 +221,7 @@ int run_mpi(int argc, char** argv, const std::function<void()>& body) {
     auto stop = std::make_shared<detail::Command>();
     stop->kind = detail::Command::Kind::stop;
     state.send(state.all_workers(), stop);
-    for (auto& [work, buffer] : state.outbox) work.wait();
+    for (const Work& w : state.outbox) w.wait();
     detail::running.store(nullptr);
   });
   return status != 0 ? status : body_status;

@@ -34,6 +34,9 @@ struct PipelineAction {
   bool forward;
   int64_t stage;
   int64_t microbatch;
+  /// "2F0": stage 2's forward of microbatch 0 ("1B3" a backward), as torch.distributed.pipelining
+  /// prints its schedules' actions.
+  std::string to_string() const;
   friend bool operator==(const PipelineAction&, const PipelineAction&) = default;
 };
 
@@ -94,16 +97,18 @@ class Pipeline {
   /// This rank's stages: one, none, or (interleaved) v of them.
   const std::vector<int64_t>& my_stages() const { return mine_; }
   /// The meshes the stages cycle over (P; the stage count without interleaving).
-  int64_t groups() const { return groups_; }
-  /// "stage 1: F0 F1 B0 F2 B1 ..." for every stage (interleaved, per mesh: "F0@2" is microbatch
-  /// 0's forward through stage 2): the schedule as run.
+  int64_t meshes() const { return meshes_; }
+  /// The stages each mesh runs (v = S / P; 1 without interleaving).
+  int64_t stages_per_mesh() const { return stages() / meshes_; }
+  /// The schedule as run, a line per mesh of its actions in order: "stage 1: 1F0 1F1 1B0 1F2 ..."
+  /// (interleaved: "stages 0, 2: 0F0 0F1 2F0 ...").
   std::string describe() const;
 
  private:
   std::vector<Stage> stages_;
   Loss loss_;
   PipelineOptions options_;
-  int64_t groups_ = 0;
+  int64_t meshes_ = 0;
   std::vector<int64_t> mine_;
   PipelineStats stats_;
   std::shared_ptr<Communicator> comm_;  // the pipeline's group over the world (step)
@@ -112,11 +117,13 @@ class Pipeline {
   [[noreturn]] void fail_step(const std::exception& e, const PipelineAction& current, bool waiting_on_peer);
 };
 
-/// The actions of stage s of S over n microbatches: (forward?, microbatch) in order (GPipe, 1F1B).
-std::vector<std::pair<bool, int64_t>> schedule_actions(Schedule schedule, int64_t s, int64_t stages, int64_t n);
-/// The actions of the ranks of mesh p of P, each running v stages (p, p + P, ...), over n
-/// microbatches, in order. For GPipe and 1F1B v is 1 and this is schedule_actions's order.
-std::vector<PipelineAction> pipeline_actions(Schedule schedule, int64_t p, int64_t groups, int64_t chunks, int64_t n);
+/// The actions of stage s of S over n microbatches, in order (GPipe, 1F1B).
+std::vector<PipelineAction> schedule_actions(Schedule schedule, int64_t s, int64_t stages, int64_t n);
+/// The actions of the ranks of mesh p of P (`meshes`), each running v stages (p, p + P, ...;
+/// `stages_per_mesh`), over n microbatches, in order. For GPipe and 1F1B v is 1 and this is
+/// schedule_actions's order.
+std::vector<PipelineAction> pipeline_actions(Schedule schedule, int64_t p, int64_t meshes, int64_t stages_per_mesh,
+                                             int64_t n);
 
 }  // namespace mpmd
 }  // namespace tessera

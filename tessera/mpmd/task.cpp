@@ -7,6 +7,7 @@
 #include <memory>
 
 #include <tessera/comm/communicator.hpp>
+#include <tessera/comm/word_messages.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/layout_words.hpp>
@@ -20,24 +21,20 @@ namespace {
 constexpr int kTaskTags = tessera::kTaskTags.size() / 2;
 constexpr int kTaskTag = tessera::kTaskTags.first;
 
-// Per rank: launches so far, and the leader's layout messages still in flight (with the buffers
-// they read). Completed ones are dropped at each launch; the rest are waited for when the rank's
-// state goes, at the end of its body.
+// Per rank: launches so far, and the leader's layout messages still in flight (each keeping the
+// buffer it reads alive). Completed ones are dropped at each launch; the rest are waited for when
+// the rank's state goes, at the end of its body.
 struct TaskState {
-  struct Pending {
-    Work work;
-    std::shared_ptr<std::vector<int64_t>> length, message;
-  };
   uint64_t launches = 0;
-  std::vector<Pending> pending;
+  std::vector<Work> pending;
 
   void drain_completed() {
-    std::erase_if(pending, [](const Pending& p) { return p.work.is_completed(); });
+    std::erase_if(pending, [](const Work& w) { return w.is_completed(); });
   }
   ~TaskState() {
-    for (const Pending& p : pending) {
+    for (const Work& w : pending) {
       try {
-        p.work.wait();
+        w.wait();
       } catch (...) {  // a failed world: nothing more to deliver
       }
     }
@@ -107,26 +104,18 @@ TaskFuture Task::launch(const std::vector<DTensor>& inputs) const {
     message->push_back(static_cast<int64_t>(words.size()));
     message->insert(message->end(), words.begin(), words.end());
   }
-  auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(message->size()));
   Communicator& comm = world();
   const auto& members = mesh_.spec().ranks();
   for (int r = 0; r < world_size(); ++r) {
     if (std::count(members.begin(), members.end(), r)) continue;
-    state.pending.push_back({comm.isend(length->data(), 1, DType::i64, r, future.tag_), length, message});
-    state.pending.push_back({comm.isend(message->data(), static_cast<int64_t>(message->size()), DType::i64, r,
-                                        future.tag_ + 1),
-                             length, message});
+    for (Work& w : isend_words(comm, message, r, future.tag_, future.tag_ + 1)) state.pending.push_back(std::move(w));
   }
   return future;
 }
 
 std::vector<DTensor> TaskFuture::get() {
   if (resolved_) return outputs_;
-  Communicator& comm = world();
-  int64_t length = 0;
-  comm.recv(&length, 1, DType::i64, leader_, tag_);
-  std::vector<int64_t> message(static_cast<size_t>(length));
-  comm.recv(message.data(), length, DType::i64, leader_, tag_ + 1);
+  const std::vector<int64_t> message = recv_words(world(), leader_, tag_, tag_ + 1);
   size_t at = 1;
   for (int64_t k = 0; k < message.front(); ++k) {
     const auto words_length = static_cast<size_t>(message[at++]);

@@ -121,9 +121,9 @@ void expect_equal_to_unsplit(const std::vector<DeviceMesh>& meshes, const std::v
   }
   EXPECT_GT(pipeline.stats().bytes_sent + pipeline.stats().bytes_received, 0) << what;
   // (P - 1) / (v n + P - 1) over P meshes running v stages each.
-  const auto groups = static_cast<double>(pipeline.groups()), chunks = static_cast<double>(pp) / groups;
-  EXPECT_NEAR(pipeline.stats().ideal_bubble,
-              (groups - 1) / (chunks * static_cast<double>(microbatches) + groups - 1), 1e-15);
+  const auto P = static_cast<double>(pipeline.meshes()), v = static_cast<double>(pp) / P;
+  EXPECT_EQ(pipeline.stages_per_mesh() * pipeline.meshes(), pipeline.stages());
+  EXPECT_NEAR(pipeline.stats().ideal_bubble, (P - 1) / (v * static_cast<double>(microbatches) + P - 1), 1e-15);
 }
 
 // Every pp x dp factorisation of the world with pp >= 2, uneven layer splits.
@@ -169,21 +169,75 @@ TEST(Pipeline, ScheduleShapes) {
         std::vector<int> forward_at(static_cast<size_t>(n), -1), backward_at(static_cast<size_t>(n), -1);
         int in_flight = 0, most = 0;
         for (size_t a = 0; a < actions.size(); ++a) {
-          auto& at = actions[a].first ? forward_at : backward_at;
-          EXPECT_EQ(at[static_cast<size_t>(actions[a].second)], -1);
-          at[static_cast<size_t>(actions[a].second)] = static_cast<int>(a);
-          in_flight += actions[a].first ? 1 : -1;
+          EXPECT_EQ(actions[a].stage, s);
+          auto& at = actions[a].forward ? forward_at : backward_at;
+          EXPECT_EQ(at[static_cast<size_t>(actions[a].microbatch)], -1);
+          at[static_cast<size_t>(actions[a].microbatch)] = static_cast<int>(a);
+          in_flight += actions[a].forward ? 1 : -1;
           most = std::max(most, in_flight);
         }
         for (int64_t i = 0; i < n; ++i) EXPECT_LT(forward_at[static_cast<size_t>(i)], backward_at[static_cast<size_t>(i)]);
         // 1F1B's point: at most S - s microbatches' activations held, against n for GPipe.
         EXPECT_LE(most, std::min(stages - s, n));
         if (s == stages - 1 && n > 1) {
-          EXPECT_FALSE(actions[1].first);
+          EXPECT_FALSE(actions[1].forward);
         }
       }
   const auto gpipe = schedule_actions(Schedule::gpipe, 0, 3, 3);
-  EXPECT_TRUE(gpipe[0].first && gpipe[2].first && !gpipe[3].first);
+  EXPECT_TRUE(gpipe[0].forward && gpipe[2].forward && !gpipe[3].forward);
+}
+
+namespace {
+
+// A rank's schedule as torch.distributed.pipelining prints it: "0F0 0F1 0B0 ...".
+std::string schedule_string(const std::vector<PipelineAction>& actions) {
+  std::string out;
+  for (const PipelineAction& a : actions) out.append(out.empty() ? "" : " ").append(a.to_string());
+  return out;
+}
+
+}  // namespace
+
+// Golden schedules, as torch's Schedule1F1B and ScheduleGPipe and Megatron-LM's interleaved
+// 1F1B order them.
+TEST(Pipeline, GoldenSchedules) {
+  EXPECT_EQ((PipelineAction{true, 2, 0}).to_string(), "2F0");
+  EXPECT_EQ((PipelineAction{false, 11, 13}).to_string(), "11B13");
+  EXPECT_EQ(schedule_string(schedule_actions(Schedule::gpipe, 1, 2, 3)), "1F0 1F1 1F2 1B0 1B1 1B2");
+  // 1F1B over 3 stages and 4 microbatches: S - 1 - s forwards ahead, then F and B in turn.
+  const std::vector<std::string> one_f_one_b{"0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3", "1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3",
+                                             "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3"};
+  for (int64_t s = 0; s < 3; ++s)
+    EXPECT_EQ(schedule_string(schedule_actions(Schedule::one_f_one_b, s, 3, 4)), one_f_one_b[static_cast<size_t>(s)]);
+  // Fewer microbatches than stages: the warm-up is every forward.
+  EXPECT_EQ(schedule_string(schedule_actions(Schedule::one_f_one_b, 0, 4, 2)), "0F0 0F1 0B0 0B1");
+  // Interleaved over 2 meshes of 2 stages each (mesh 0 runs stages 0 and 2), 4 microbatches:
+  // mesh 0 warms up with 4 forwards (microbatches 0, 1 through stage 0, then through stage 2).
+  EXPECT_EQ(schedule_string(pipeline_actions(Schedule::interleaved_one_f_one_b, 0, 2, 2, 4)),
+            "0F0 0F1 2F0 2F1 0F2 2B0 0F3 2B1 2F2 0B0 2F3 0B1 2B2 2B3 0B2 0B3");
+  EXPECT_EQ(schedule_string(pipeline_actions(Schedule::interleaved_one_f_one_b, 1, 2, 2, 4)),
+            "1F0 1F1 3F0 3B0 3F1 3B1 1F2 1B0 1F3 1B1 3F2 3B2 3F3 3B3 1B2 1B3");
+  // Without interleaving, pipeline_actions is the stage's schedule.
+  EXPECT_EQ(pipeline_actions(Schedule::one_f_one_b, 1, 3, 1, 4), schedule_actions(Schedule::one_f_one_b, 1, 3, 4));
+}
+
+// describe() prints each mesh's schedule as run.
+TEST(Pipeline, DescribesItsSchedule) {
+  for_each_world({2}, [] {
+    if (world_size() % 2) return;
+    const MultiMesh mm({2, world_size() / 2}, {"pp", "dp"});
+    const std::vector<DeviceMesh> two = mm.split("pp");
+    const auto identity = [](const DTensor& x) { return x; };
+    const auto loss = [](const DTensor& y, const DTensor&) { return sum(y); };
+    const Pipeline plain({{two[0], identity}, {two[1], identity}}, loss, {Schedule::one_f_one_b, 3, 0});
+    EXPECT_EQ(plain.describe(), "stage 0: 0F0 0F1 0B0 0F2 0B1 0B2\nstage 1: 1F0 1B0 1F1 1B1 1F2 1B2\n");
+    const Pipeline interleaved({{two[0], identity}, {two[1], identity}, {two[0], identity}, {two[1], identity}}, loss,
+                               {Schedule::interleaved_one_f_one_b, 2, 0});
+    EXPECT_EQ(interleaved.meshes(), 2);
+    EXPECT_EQ(interleaved.stages_per_mesh(), 2);
+    EXPECT_EQ(interleaved.describe(),
+              "stages 0, 2: 0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1\nstages 1, 3: 1F0 1F1 3F0 3B0 3F1 3B1 1B0 1B1\n");
+  });
 }
 
 // Interleaved 1F1B: four one-layer stages cycling over two meshes (each rank runs two), and

@@ -198,7 +198,7 @@ struct ControllerState {
   /// in-process threads (ranks 0..workers-1) fed through `ports`.
   bool mpi = false;
   std::atomic<uint64_t> next_request{1};
-  std::vector<std::pair<Work, std::shared_ptr<std::vector<int64_t>>>> outbox;  // MPI sends in flight
+  std::vector<Work> outbox;  // MPI sends in flight, each keeping its buffer alive
   /// MPI: every reply requested and not yet received; shutdown receives them (a worker cannot end
   /// with a reply unsent).
   std::vector<std::function<bool(bool receive)>> unreceived;  // (false): still owed? (true): receive it

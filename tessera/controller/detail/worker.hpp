@@ -54,7 +54,7 @@ class ReplyOutbox {
   std::mutex mutex_;
   std::condition_variable queued_cv_;
   std::vector<Queued> queued_;
-  std::vector<std::pair<Work, std::shared_ptr<void>>> inflight_;  // the receiving thread only
+  std::vector<Work> inflight_;  // the receiving thread only; each keeps its buffer alive
 };
 
 /// What the streams of one worker share: the values, the events that order streams (a borrow

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include <tessera/comm/communicator.hpp>
+#include <tessera/comm/word_messages.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
 
@@ -34,17 +35,16 @@ void ReplyOutbox::send_queued() {
   Communicator& comm = world();
   for (Queued& q : sending) {
     const int tag = reply_tag(q.request);
-    auto words = std::make_shared<std::vector<int64_t>>(std::move(q.words));
-    auto length = std::make_shared<std::vector<int64_t>>(1, static_cast<int64_t>(words->size()));
-    inflight_.emplace_back(comm.isend(length->data(), 1, DType::i64, 0, tag), length);
-    inflight_.emplace_back(comm.isend(words->data(), static_cast<int64_t>(words->size()), DType::i64, 0, tag), words);
+    auto words = std::make_shared<const std::vector<int64_t>>(std::move(q.words));
+    for (Work& w : isend_words(comm, words, 0, tag, tag)) inflight_.push_back(std::move(w));
     if (q.payload.defined() && q.payload.numel() > 0) {
-      auto bytes = std::make_shared<Tensor>(std::move(q.payload));
-      inflight_.emplace_back(comm.isend(bytes->raw_data(), bytes->numel(), bytes->dtype(), 0, tag), bytes);
+      const Tensor bytes = q.payload.contiguous();
+      inflight_.push_back(comm.isend(bytes.raw_data(), bytes.numel(), bytes.dtype(), 0, tag));
+      inflight_.back().keep_alive(bytes.storage());
     }
   }
-  const auto done = std::partition(inflight_.begin(), inflight_.end(), [](const auto& w) { return !w.first.is_completed(); });
-  for (auto it = done; it != inflight_.end(); ++it) it->first.wait();  // rethrows a failed send
+  const auto done = std::partition(inflight_.begin(), inflight_.end(), [](const Work& w) { return !w.is_completed(); });
+  for (auto it = done; it != inflight_.end(); ++it) it->wait();  // rethrows a failed send
   inflight_.erase(done, inflight_.end());
 }
 
@@ -62,7 +62,7 @@ void ReplyOutbox::wait_sending(const Work& work) {
 
 void ReplyOutbox::finish() {
   send_queued();
-  for (auto& [work, buffer] : inflight_) work.wait();
+  for (const Work& w : inflight_) w.wait();
   inflight_.clear();
 }
 
@@ -247,10 +247,9 @@ void mpi_worker_loop() {
   Dispatcher dispatcher(shared, port);
   Communicator& comm = world();
   for (bool running = true; running;) {
-    int64_t length = 0;
-    outbox.wait_sending(comm.irecv(&length, 1, DType::i64, 0, kCommandLengthTag));
-    std::vector<int64_t> words(static_cast<size_t>(length));
-    comm.recv(words.data(), length, DType::i64, 0, kCommandTag);
+    // Replies go out while the next command is awaited.
+    const std::vector<int64_t> words =
+        recv_words(comm, 0, kCommandLengthTag, kCommandTag, [&](const Work& w) { outbox.wait_sending(w); });
     auto command = std::make_shared<const Command>(decode_command(words));
     try {
       // What went to this thread's own queue runs now.
