@@ -148,13 +148,16 @@ int main(int argc, char** argv) {
       mpmd::ParallelPlan as_chosen = plan;
       as_chosen.chosen = e;
       as_chosen.data.assign(static_cast<size_t>(model_mesh.ndim()), Replicate{});
-      for (const auto& a : e.strategy.data.axes) as_chosen.data[static_cast<size_t>(model_mesh.spec().dim_of(a))] = Shard{0};
+      for (const auto& a : e.strategy.data.axes)
+        as_chosen.data[static_cast<size_t>(model_mesh.spec().dim_of(a))] = Shard{0};
       const double measured = o.pp > 0 ? measure_pipeline(model, as_chosen, o) : measure(model, e, o);
       if (e.fits && measured < best) best = measured, fastest = e.name();
       if (rank() == 0)
-        std::printf("%-40s %12.0f %12.0f %10.2f\n", e.name().c_str(), e.estimated_us(), measured, measured / e.estimated_us());
+        std::printf("%-40s %12.0f %12.0f %10.2f\n", e.name().c_str(), e.estimated_us(), measured,
+                    measured / e.estimated_us());
     }
     if (rank() == 0)
-      std::printf("\nchosen: %s; fastest measured of those that fit the budget: %s\n", plan.chosen.name().c_str(), fastest.c_str());
+      std::printf("\nchosen: %s; fastest measured of those that fit the budget: %s\n", plan.chosen.name().c_str(),
+                  fastest.c_str());
   });
 }

@@ -151,7 +151,9 @@ int main(int argc, char** argv) {
                 << mm.global().to_string() << " ("
                 << (options.interleaved ? "interleaved 1F1B" : options.gpipe ? "GPipe" : "1F1B") << ", "
                 << options.microbatches << " microbatches of a batch of " << kRows << ")\n";
-      const auto& paths = plan ? plan->chosen.strategy.pipeline->modules : options.interleaved ? kChunkPaths : kStagePaths;
+      const auto& paths = plan                  ? plan->chosen.strategy.pipeline->modules
+                          : options.interleaved ? kChunkPaths
+                                                : kStagePaths;
       for (size_t s = 0; s < paths.size(); ++s) {
         std::cout << "  stage " << s << " on " << stage_meshes[s % 2].to_string() << ":";
         for (const std::string& p : paths[s]) std::cout << ' ' << p;

@@ -6,6 +6,7 @@
 #   scripts/install-deps.sh            # install what is missing
 #   scripts/install-deps.sh --check    # exit 1 (and list them) if any are missing; install nothing
 #   scripts/install-deps.sh --peers    # the same (make bench-peers asks for python3-venv, now in the default set)
+#   scripts/install-deps.sh --format   # also clang-format, for CI's format check (scripts/check-format.sh)
 set -euo pipefail
 
 packages=(
@@ -28,8 +29,10 @@ if [[ "${1:-}" == "--check" ]]; then
   check_only=1
 elif [[ "${1:-}" == "--peers" ]]; then
   :  # python3 and python3-venv are in the default set
+elif [[ "${1:-}" == "--format" ]]; then
+  packages+=(clang-format)  # clang-format and git-clang-format (Debian 12: version 14)
 elif [[ $# -gt 0 ]]; then
-  echo "usage: $0 [--check | --peers]" >&2
+  echo "usage: $0 [--check | --peers | --format]" >&2
   exit 2
 fi
 

@@ -16,8 +16,8 @@
 #include <tessera/comm/word_messages.hpp>
 #include <tessera/controller/detail/command.hpp>
 #include <tessera/controller/detail/wire.hpp>
-#include <tessera/mesh/device_mesh.hpp>
 #include <tessera/core/error.hpp>
+#include <tessera/mesh/device_mesh.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/layout_words.hpp>
 

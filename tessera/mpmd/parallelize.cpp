@@ -59,7 +59,8 @@ std::vector<ParameterInfo> describe_parameters(const Subject& subject) {
     ParameterInfo info{path, subject.unit_of(path), param->shape(), param->dtype(), Owner::other};
     if (dynamic_cast<const nn::Linear*>(&owner)) info.owner = Owner::linear;
     if (dynamic_cast<const nn::Embedding*>(&owner)) info.owner = Owner::embedding;
-    if (dynamic_cast<const nn::RMSNorm*>(&owner) || dynamic_cast<const nn::LayerNorm*>(&owner)) info.owner = Owner::norm;
+    if (dynamic_cast<const nn::RMSNorm*>(&owner) || dynamic_cast<const nn::LayerNorm*>(&owner))
+      info.owner = Owner::norm;
     out.push_back(std::move(info));
   }
   return out;
@@ -68,7 +69,8 @@ std::vector<ParameterInfo> describe_parameters(const Subject& subject) {
 // A strategy's cost unit by unit for the subject, on its model's mesh.
 std::vector<UnitCost> price(const ParallelStrategy& s, const Subject& subject, const CostModel& cost,
                             const StepShape& step) {
-  const auto tp_plan = s.tensor ? subject.tp_plan(s.tensor->sequence_parallel) : std::map<std::string, nn::ParallelStyle>{};
+  const auto tp_plan =
+      s.tensor ? subject.tp_plan(s.tensor->sequence_parallel) : std::map<std::string, nn::ParallelStyle>{};
   return detail::price_units(s, subject.parameters, subject.units, tp_plan, subject.model.mesh().spec(), cost, step);
 }
 
@@ -314,7 +316,8 @@ ParallelPlan plan_subject(const Subject& subject, const DeviceMesh& mesh, int64_
   result.chosen = *best;
   const MeshSpec& spec = model.mesh().spec();
   result.data.assign(static_cast<size_t>(spec.ndim()), Replicate{});
-  for (const auto& a : best->strategy.data.axes) result.data[static_cast<size_t>(spec.dim_of(a, "parallelize"))] = Shard{0};
+  for (const auto& a : best->strategy.data.axes)
+    result.data[static_cast<size_t>(spec.dim_of(a, "parallelize"))] = Shard{0};
   return result;
 }
 
@@ -450,20 +453,20 @@ void apply_plan(nn::TransformerLM& model, const ParallelStrategy& plan) {
   apply(model, plan, nn::transformer_tp_plan(plan.tensor && plan.tensor->sequence_parallel));
 }
 
-void apply_plan(nn::Module& model, const ParallelStrategy& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan) {
+void apply_plan(nn::Module& model, const ParallelStrategy& plan,
+                const std::map<std::string, nn::ParallelStyle>& tp_plan) {
   apply(model, plan, tp_plan);
 }
 
 Pipeline make_pipeline(nn::TransformerLM& model, const ParallelPlan& plan) {
-  TESSERA_CHECK(!plan.pipeline_axis.empty() && plan.chosen.strategy.pipeline, ValueError, "make_pipeline", "the plan ", plan.chosen.name(),
-                " has no pipeline axis (set ParallelizeOptions::pipeline_axis)");
+  TESSERA_CHECK(!plan.pipeline_axis.empty() && plan.chosen.strategy.pipeline, ValueError, "make_pipeline", "the plan ",
+                plan.chosen.name(), " has no pipeline axis (set ParallelizeOptions::pipeline_axis)");
   std::vector<Stage> stages;
   int64_t first = 0;
   const std::vector<std::vector<std::string>>& modules = plan.chosen.strategy.pipeline->modules;
   for (size_t s = 0; s < modules.size(); ++s) {
     int64_t end = first;
-    for (const std::string& module : modules[s])
-      end = std::max(end, detail::unit_of(model, module + ".") + 1);
+    for (const std::string& module : modules[s]) end = std::max(end, detail::unit_of(model, module + ".") + 1);
     stages.push_back({plan.stage_meshes[s], [&model, first, end](const DTensor& x) {
                         return model.forward_units(first, end, x);
                       }});

@@ -173,7 +173,8 @@ ParallelPlan parallelize(nn::Module& model, const DeviceMesh& mesh, int64_t memo
 /// sharded_modules only where given). parallelize applies its choice so.
 void apply_plan(nn::TransformerLM& model, const ParallelStrategy& plan);
 /// The same for any module, with its tensor parallel plan.
-void apply_plan(nn::Module& model, const ParallelStrategy& plan, const std::map<std::string, nn::ParallelStyle>& tp_plan);
+void apply_plan(nn::Module& model, const ParallelStrategy& plan,
+                const std::map<std::string, nn::ParallelStyle>& tp_plan);
 
 /// The pipeline of a plan with a pipeline axis: stage s runs plan.chosen.strategy.pipeline's
 /// modules[s] of

@@ -71,9 +71,9 @@ class StageRunner {
       input_pieces_ = input.layout().piece_sizes(options.batch_dim);
     }
     if (has_last_)
-      TESSERA_CHECK(target.defined() && target.layout().mesh() == spec, ShardingError, "Pipeline::step",
-                    "the target ", target.defined() ? target.layout().to_string() : "(undefined)",
-                    " is not on the last stage's mesh ", spec.to_string());
+      TESSERA_CHECK(target.defined() && target.layout().mesh() == spec, ShardingError, "Pipeline::step", "the target ",
+                    target.defined() ? target.layout().to_string() : "(undefined)", " is not on the last stage's mesh ",
+                    spec.to_string());
   }
 
   void run(const PipelineAction& a) {
@@ -93,7 +93,8 @@ class StageRunner {
  private:
   template <class T>
   std::vector<std::vector<T>> per_stage() const {
-    return std::vector<std::vector<T>>(static_cast<size_t>(count_), std::vector<T>(static_cast<size_t>(options_.microbatches)));
+    return std::vector<std::vector<T>>(static_cast<size_t>(count_),
+                                       std::vector<T>(static_cast<size_t>(options_.microbatches)));
   }
   const MeshSpec& mesh_of(int64_t c) const { return stages_[static_cast<size_t>(c)].mesh.spec(); }
 
@@ -107,7 +108,8 @@ class StageRunner {
         const Placements whole(static_cast<size_t>(mesh_.ndim()), Replicate{});
         for (int64_t k = 0; k < n; ++k) {
           const std::vector<int64_t> rows = microbatch_rows(input_pieces_, n, k);
-          const DTensor index = DTensor::from_local(from_vector(rows, Shape{static_cast<int64_t>(rows.size())}), mesh_, whole);
+          const DTensor index =
+              DTensor::from_local(from_vector(rows, Shape{static_cast<int64_t>(rows.size())}), mesh_, whole);
           targets_.push_back(index_select(target_, options_.batch_dim, index));
         }
       }
@@ -116,7 +118,9 @@ class StageRunner {
   }
 
   void forward(int64_t c, int64_t i) {
-    const auto at = [i](auto& per_stage, int64_t s) -> auto& { return per_stage[static_cast<size_t>(s)][static_cast<size_t>(i)]; };
+    const auto at = [i](auto& per_stage, int64_t s) -> auto& {
+      return per_stage[static_cast<size_t>(s)][static_cast<size_t>(i)];
+    };
     DTensor x;
     if (c == 0) {
       x = inputs_[static_cast<size_t>(i)];
@@ -132,7 +136,8 @@ class StageRunner {
     if (c + 1 == count_) {
       const DTensor t = target_of(i);
       const int64_t rows = target_.shape()[options_.batch_dim];
-      const double share = rows > 0 ? static_cast<double>(t.shape()[options_.batch_dim]) / static_cast<double>(rows) : 1.0;
+      const double share =
+          rows > 0 ? static_cast<double>(t.shape()[options_.batch_dim]) / static_cast<double>(rows) : 1.0;
       // An empty microbatch (fewer rows than microbatches) adds nothing, but still runs its
       // backward so the stages before it exchange its (zero) gradients.
       const DTensor loss = share > 0 ? loss_(y, t) * Scalar(share) : sum(y) * Scalar(0.0);
@@ -158,7 +163,8 @@ class StageRunner {
     DTensor& x = received_[static_cast<size_t>(c)][static_cast<size_t>(i)];
     if (c > 0) {
       DTensor g = x.grad();
-      if (g.defined() && g.layout().has_partial()) g = g.redistribute(mesh_, gradient_layout(x.layout()));  // values cross
+      if (g.defined() && g.layout().has_partial())
+        g = g.redistribute(mesh_, gradient_layout(x.layout()));  // values cross
       boundary_.send_gradient(c - 1, i, g.defined() ? g.to_local() : zeros(x.to_local().shape(), x.dtype()), x.layout(),
                               sent_layouts_[static_cast<size_t>(c)][static_cast<size_t>(i)]);
     }
@@ -250,13 +256,14 @@ Pipeline::Pipeline(std::vector<Stage> stages, Loss loss, PipelineOptions options
       if (stages_[static_cast<size_t>(c)].mesh.spec() == stages_[0].mesh.spec()) meshes_ = c;
     TESSERA_CHECK(meshes_ >= 2 && count % meshes_ == 0, ShardingError, "Pipeline",
                   "interleaved 1F1B needs the stages to cycle over P >= 2 meshes (stage c on stage c mod P's); "
-                  "stage 0's mesh ", stages_[0].mesh.to_string(), " recurs after ", meshes_, " of ", count, " stages");
+                  "stage 0's mesh ",
+                  stages_[0].mesh.to_string(), " recurs after ", meshes_, " of ", count, " stages");
     for (int64_t c = meshes_; c < count; ++c)
-      TESSERA_CHECK(stages_[static_cast<size_t>(c)].mesh.spec() == stages_[static_cast<size_t>(c % meshes_)].mesh.spec(),
-                    ShardingError, "Pipeline", "interleaved 1F1B: stage ", c, "'s mesh ",
-                    stages_[static_cast<size_t>(c)].mesh.to_string(), " is not stage ", c % meshes_, "'s ",
-                    stages_[static_cast<size_t>(c % meshes_)].mesh.to_string(), " (the stages cycle over ", meshes_,
-                    " meshes)");
+      TESSERA_CHECK(
+          stages_[static_cast<size_t>(c)].mesh.spec() == stages_[static_cast<size_t>(c % meshes_)].mesh.spec(),
+          ShardingError, "Pipeline", "interleaved 1F1B: stage ", c, "'s mesh ",
+          stages_[static_cast<size_t>(c)].mesh.to_string(), " is not stage ", c % meshes_, "'s ",
+          stages_[static_cast<size_t>(c % meshes_)].mesh.to_string(), " (the stages cycle over ", meshes_, " meshes)");
     TESSERA_CHECK(options_.microbatches % meshes_ == 0, ValueError, "Pipeline", "interleaved 1F1B over ", meshes_,
                   " meshes needs microbatches a multiple of ", meshes_, ", got ", options_.microbatches);
   }
@@ -322,7 +329,8 @@ double Pipeline::step(const DTensor& input, const DTensor& target) {
   try {
     if (!mine_.empty()) {
       StageRunner runner(stages_, loss_, options_, mine_, input, target, *comm_, stats_, waiting_on_peer);
-      for (const PipelineAction& a : pipeline_actions(options_.schedule, mine_.front(), meshes_, stages_per_mesh(), n)) {
+      for (const PipelineAction& a :
+           pipeline_actions(options_.schedule, mine_.front(), meshes_, stages_per_mesh(), n)) {
         current = a;
         runner.run(a);
       }

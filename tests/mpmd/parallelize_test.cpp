@@ -352,7 +352,8 @@ TEST(Parallelize, AnyModuleWithItsTensorParallelPlan) {
     options.tp_plan = {{"fc1", nn::ColwiseParallel{}}, {"fc2", nn::RowwiseParallel{}}};
     options.loss = [&](int64_t rows) { return sum(mlp.forward(input(rows, {Replicate{}}))); };
     // Four tokens against 33k parameters: tensor parallel; 16k tokens: data parallel.
-    EXPECT_EQ(plan_parallelism(mlp, 0, options).chosen.name(), "tp(x)") << plan_parallelism(mlp, 0, options).to_string();
+    EXPECT_EQ(plan_parallelism(mlp, 0, options).chosen.name(), "tp(x)")
+        << plan_parallelism(mlp, 0, options).to_string();
     ParallelizeOptions many = options;
     many.batch = 4096;
     EXPECT_EQ(plan_parallelism(mlp, 0, many).chosen.name(), "ddp(x)") << plan_parallelism(mlp, 0, many).to_string();

@@ -57,8 +57,11 @@ TEST(PlanSearch, CandidatesOnOneAndTwoAxes) {
                                       "tp+sp(dp) + fsdp(tp)", "tp(tp) + ddp(dp)", "tp(tp) + fsdp(dp)",
                                       "tp+sp(tp) + ddp(dp)", "tp+sp(tp) + fsdp(dp)", "ddp(dp,tp)"}));
   EXPECT_EQ(names(candidate_strategies(grid, false, false)), (std::vector<std::string>{"ddp(dp,tp)"}));
-  EXPECT_TRUE(sharding_error([&] { candidate_strategies(MeshSpec({2, 2, 2}, {"a", "b", "c"}), true, true); },
-                                      {"[parallelize]", "1 or 2 axes"}));
+  EXPECT_TRUE(sharding_error(
+      [&] {
+        candidate_strategies(MeshSpec({2, 2, 2}, {"a", "b", "c"}), true, true);
+      },
+      {"[parallelize]", "1 or 2 axes"}));
 }
 
 TEST(PlanSearch, ANameIsBuiltFromTheStrategyAlone) {
@@ -162,7 +165,9 @@ TEST_F(PriceUnits, RefusesAParameterOutsideTheUnits) {
   std::vector<ParameterInfo> stray = parameters;
   stray[2].unit = 2;
   EXPECT_TRUE(value_error(
-      [&] { price_units(ddp({"x"}), stray, 2, {}, spec, cost, StepShape{4, 4, 1}); },
+      [&] {
+        price_units(ddp({"x"}), stray, 2, {}, spec, cost, StepShape{4, 4, 1});
+      },
       {"[parallelize]", "norm.weight", "unit 2 of 2"}));
 }
 

@@ -113,8 +113,9 @@ std::vector<UnitCost> price_units(const ParallelStrategy& s, const std::vector<P
       std::vector<int64_t> order = compute_layout.shard_order(0);
       order.push_back(m);
       storage = Layout(shape, dtype, spec, with(compute, m, Shard{0}), ShardOrder{{0, order}});
-      price(u, storage, compute_layout, microbatches);  // all_gather for the forward
-      price(u, Layout(shape, dtype, spec, with(compute, m, Partial{})), storage, microbatches);  // gradient reduce_scatter
+      // The forward's all_gather, the gradient's reduce_scatter.
+      price(u, storage, compute_layout, microbatches);
+      price(u, Layout(shape, dtype, spec, with(compute, m, Partial{})), storage, microbatches);
       u.gather_bytes = std::max(u.gather_bytes, compute_layout.local_shape(origin).numel() * itemsize(dtype));
     } else if (!dp.empty() || (sp && norm)) {
       // All-reduce of the gradient over the data-parallel axes, and over tp for a norm that sees
@@ -127,7 +128,8 @@ std::vector<UnitCost> price_units(const ParallelStrategy& s, const std::vector<P
     // Parameter, gradient and AdamW's two moments, by the stored shard (the largest rank's).
     u.state_bytes += 4 * storage.local_shape(origin).numel() * itemsize(dtype);
     // A norm saves its input: the whole sequence, or its shard under sequence parallelism.
-    if (norm && name == "weight") u.activation_bytes += tokens / dp_ways * shape[0] / (sp ? tp_ways : 1) * itemsize(dtype);
+    if (norm && name == "weight")
+      u.activation_bytes += tokens / dp_ways * shape[0] / (sp ? tp_ways : 1) * itemsize(dtype);
     if (name != "weight" || !(linear || embedding)) continue;
     // Tensor parallel activations [rows, seq, features]. A row-parallel output is all-reduced in
     // the forward (sequence parallel: reduce-scattered onto sequence shards, and its gradient
@@ -141,13 +143,14 @@ std::vector<UnitCost> price_units(const ParallelStrategy& s, const std::vector<P
       return Layout(Shape{step.rows, step.seq, features}, dtype, spec, p);
     };
     const int64_t in = linear ? shape[1] : shape[0], out_features = linear ? shape[0] : shape[1];
-    if (rowwise && !sp) price(u, activation(out_features, Partial{}), activation(out_features, Replicate{}), microbatches);
+    if (rowwise && !sp)
+      price(u, activation(out_features, Partial{}), activation(out_features, Replicate{}), microbatches);
     if (rowwise && sp) {
       price(u, activation(out_features, Partial{}), activation(out_features, Shard{1}), microbatches);
       price(u, activation(out_features, Shard{1}), activation(out_features, Replicate{}), microbatches);
     }
-    if (colwise && linear && std::find(colwise_parents.begin(), colwise_parents.end(), parent_of(module)) ==
-                                 colwise_parents.end()) {
+    if (colwise && linear &&
+        std::find(colwise_parents.begin(), colwise_parents.end(), parent_of(module)) == colwise_parents.end()) {
       colwise_parents.push_back(parent_of(module));
       if (!sp) price(u, activation(in, Partial{}), activation(in, Replicate{}), microbatches);
       if (sp) {
@@ -254,7 +257,8 @@ std::vector<int64_t> choose_boundaries(const PipelinePricing& p, int64_t budget)
   std::vector<int64_t> bounds(static_cast<size_t>(S + 1));
   bounds[static_cast<size_t>(S)] = U;
   for (int64_t s = S - 1; s >= 0; --s)
-    bounds[static_cast<size_t>(s)] = from[static_cast<size_t>(s)][static_cast<size_t>(bounds[static_cast<size_t>(s + 1)])];
+    bounds[static_cast<size_t>(s)] =
+        from[static_cast<size_t>(s)][static_cast<size_t>(bounds[static_cast<size_t>(s + 1)])];
   return bounds;
 }
 

@@ -18,10 +18,12 @@ namespace tessera::mpmd::detail {
 namespace {
 
 // The part of a rank's block (of `layout`, at `coordinate`) that a transfer's box covers.
-Tensor piece_of_block(const Tensor& local, const Layout& layout, const std::vector<int64_t>& coordinate, const Block& box) {
+Tensor piece_of_block(const Tensor& local, const Layout& layout, const std::vector<int64_t>& coordinate,
+                      const Block& box) {
   const Block mine = layout.block(coordinate);
   Tensor piece = local;
-  for (int64_t d = 0; d < layout.ndim(); ++d) piece = piece.narrow(d, box.begin[d] - mine.begin[d], box.end[d] - box.begin[d]);
+  for (int64_t d = 0; d < layout.ndim(); ++d)
+    piece = piece.narrow(d, box.begin[d] - mine.begin[d], box.end[d] - box.begin[d]);
   return piece;
 }
 
