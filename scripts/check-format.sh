@@ -26,7 +26,8 @@ if ! git rev-parse --verify -q "${base}^{commit}" >/dev/null; then
   exit 1
 fi
 if ((fix)); then
-  exec git clang-format --extensions "$extensions" "$base"
+  # --force: format files with changes not yet staged too (the working tree is what is checked).
+  exec git clang-format --force --extensions "$extensions" "$base"
 fi
 # git clang-format --diff prints a diff, or one of these lines when there is nothing to change.
 out=$(git clang-format --diff --extensions "$extensions" "$base" 2>&1)

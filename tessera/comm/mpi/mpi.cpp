@@ -1,4 +1,6 @@
-// MPI backend (TESSERA_WITH_MPI=ON): one rank per process, OpenMPI underneath.
+// MPI backend (TESSERA_WITH_MPI=ON): one rank per process, OpenMPI underneath. This file is the
+// communicator; the process's lifecycle (init, finalize, abort) is lifecycle.cpp, its state and
+// the job's hosts detail/process.hpp.
 //
 // - Every wait is a poll (MPI's non-blocking calls + MPI_Test), so every call can time out
 //   (comm_timeout_seconds(): no progress for that long -> CommError naming the call, its
@@ -42,6 +44,7 @@
 #include <tessera/comm/detail/reduce_kernels.hpp>
 #include <tessera/comm/mpi/detail/mpi_impl.hpp>
 #include <tessera/comm/mpi/detail/p2p.hpp>
+#include <tessera/comm/mpi/detail/process.hpp>
 #include <tessera/comm/mpi/detail/ring.hpp>
 #include <tessera/comm/mpi/detail/tuning.hpp>
 #include <tessera/core/error.hpp>
@@ -52,74 +55,14 @@ namespace tessera::mpi {
 namespace {
 
 using detail::Algorithm;
+using detail::kNumReduceOps;
 using detail::Op;
+using detail::reduction;
+using detail::set_errors_return;
 using detail::Tuning;
 using tessera::detail::concat;
-
-constexpr int kNumReduceOps = 5;
-static_assert(static_cast<int>(ReduceOp::min) == kNumReduceOps - 1);
 // Receives a ring rank keeps posted ahead of the one it waits for.
 constexpr int64_t kPipelineWindow = 4;
-
-// --- process-wide state --------------------------------------------------------------------------
-
-struct Process {
-  std::mutex mutex;
-  bool initialized_here = false;
-  bool finalized_here = false;
-  int tag_ub = 32767;
-  std::weak_ptr<Communicator> world;
-  // The end-of-program barrier's own communicator (a duplicate of the world made at init), so
-  // it can never meet a call of the program's.
-  MPI_Comm end_of_program = MPI_COMM_NULL;
-  HostTopology hosts;
-  bool hosts_known = false;
-  // User ops (MPI_OP_NULL where a builtin op has Tessera's semantics), by dtype and op.
-  std::array<std::array<MPI_Op, kNumReduceOps>, kNumDTypes> ops{};
-  bool ops_created = false;
-};
-
-Process& process() {
-  static Process p;
-  return p;
-}
-
-template <DType D, ReduceOp R>
-void user_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
-  ::tessera::detail::reduce_pair(inout, in, *len, D, R);
-}
-
-// max/min of the floating dtypes: MPI_MAX/MPI_MIN do not propagate NaN.
-template <DType D>
-void create_user_ops(Process& p) {
-  using Fn = void (*)(void*, void*, int*, MPI_Datatype*);
-  std::array<Fn, kNumReduceOps> fns{};
-  fns[static_cast<size_t>(ReduceOp::max)] = user_reduce<D, ReduceOp::max>;
-  fns[static_cast<size_t>(ReduceOp::min)] = user_reduce<D, ReduceOp::min>;
-  auto& row = p.ops[static_cast<size_t>(D)];
-  for (const ReduceOp op : {ReduceOp::max, ReduceOp::min})
-    MPI_Op_create(fns[static_cast<size_t>(op)], /*commute=*/1, &row[static_cast<size_t>(op)]);
-}
-
-// The MPI op that folds dtype with op (avg folds as sum; the caller scales).
-MPI_Op reduction(DType dtype, ReduceOp op) {
-  const MPI_Op user = process().ops[static_cast<size_t>(dtype)][static_cast<size_t>(op)];
-  if (user != MPI_OP_NULL) return user;
-  TESSERA_ASSERT(dtype != DType::f16 && dtype != DType::bf16, name(op), " of ", name(dtype), " is staged in f32");
-  if (dtype == DType::b8) return op == ReduceOp::product || op == ReduceOp::min ? MPI_LAND : MPI_LOR;
-  switch (op) {
-    case ReduceOp::sum:
-    case ReduceOp::avg:
-      return MPI_SUM;
-    case ReduceOp::product:
-      return MPI_PROD;
-    case ReduceOp::max:
-      return MPI_MAX;
-    case ReduceOp::min:
-      return MPI_MIN;
-  }
-  return MPI_SUM;
-}
 
 // --- small helpers ---------------------------------------------------------------------------------
 
@@ -188,8 +131,6 @@ std::vector<int64_t> even_blocks(int64_t count, int n) {
   for (int b = 0; b < n; ++b) counts[static_cast<size_t>(b)] = count * (b + 1) / n - count * b / n;
   return counts;
 }
-
-void set_errors_return(MPI_Comm comm) { detail::locked([&] { return MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN); }); }
 
 // --- the communicator -----------------------------------------------------------------------------
 
@@ -783,19 +724,6 @@ class MpiCommunicator final : public Communicator {
 
 // A communicator over comm (owned from here on): its send/recv twin comes from MPI_Comm_idup,
 // waited for with the timeout of the call that creates it.
-std::shared_ptr<Communicator> make_world_communicator(MPI_Comm comm, int rank, std::vector<int> world) {
-  set_errors_return(comm);
-  MPI_Comm twins[2] = {MPI_COMM_NULL, MPI_COMM_NULL};  // send/recv, side channel
-  for (MPI_Comm& twin : twins) {
-    const int rc = detail::locked([&] { return MPI_Comm_dup(comm, &twin); });
-    if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Comm_dup failed: " + detail::error_string(rc));
-    set_errors_return(twin);
-  }
-  const bool alone = world.size() == 1;
-  if (alone) MPI_Comm_free(&twins[1]);
-  return std::make_shared<MpiCommunicator>(comm, twins[0], alone ? MPI_COMM_NULL : twins[1], rank, std::move(world));
-}
-
 std::shared_ptr<Communicator> MpiCommunicator::make_communicator(Op& o, MPI_Comm comm, int rank, std::vector<int> world) {
   set_errors_return(comm);
   MPI_Comm twins[2] = {MPI_COMM_NULL, MPI_COMM_NULL};  // send/recv, side channel (none for one rank)
@@ -809,151 +737,21 @@ std::shared_ptr<Communicator> MpiCommunicator::make_communicator(Op& o, MPI_Comm
   return std::make_shared<MpiCommunicator>(comm, twins[0], twins[1], rank, std::move(world));
 }
 
-const char* thread_level_name(int level) {
-  switch (level) {
-    case MPI_THREAD_SINGLE:
-      return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED:
-      return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED:
-      return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE:
-      return "MPI_THREAD_MULTIPLE";
-    default:
-      return "an unknown thread level";
-  }
-}
-
-// The machines of the job (at init, every rank at once): the ranks MPI_Comm_split_type puts in
-// one shared-memory group are one host, numbered by its lowest world rank; local_ranks gets the
-// size of this rank's group (of the real machines, even when TESSERA_HOSTS simulates others).
-HostTopology find_hosts(int& local_ranks) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int leader = rank;  // the lowest world rank of this rank's host
-  MPI_Comm node = MPI_COMM_NULL;
-  local_ranks = 1;
-  if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-    MPI_Comm_size(node, &local_ranks);
-    MPI_Allreduce(MPI_IN_PLACE, &leader, 1, MPI_INT, MPI_MIN, node);
-    MPI_Comm_free(&node);
-  }
-  std::vector<int> leaders(static_cast<size_t>(size));
-  MPI_Allgather(&leader, 1, MPI_INT, leaders.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  char name[MPI_MAX_PROCESSOR_NAME] = {};
-  int length = 0;
-  MPI_Get_processor_name(name, &length);
-  std::vector<char> names(static_cast<size_t>(size) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, names.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, MPI_COMM_WORLD);
-  std::vector<int> host_of(static_cast<size_t>(size));
-  std::vector<std::string> host_names;
-  std::vector<int> host_leader;
-  for (int r = 0; r < size; ++r) {
-    const int l = leaders[static_cast<size_t>(r)];
-    auto it = std::find(host_leader.begin(), host_leader.end(), l);
-    if (it == host_leader.end()) {
-      host_leader.push_back(l);
-      std::string n(names.data() + static_cast<size_t>(l) * MPI_MAX_PROCESSOR_NAME);
-      // Hosts that share a name (network namespaces of one machine) stay distinguishable.
-      if (std::find(host_names.begin(), host_names.end(), n) != host_names.end())
-        n.append("#").append(std::to_string(host_leader.size() - 1));
-      host_names.push_back(n);
-      it = host_leader.end() - 1;
-    }
-    host_of[static_cast<size_t>(r)] = static_cast<int>(it - host_leader.begin());
-  }
-  const HostTopology machines(std::move(host_of), std::move(host_names), /*simulated=*/false);
-  return HostTopology::from_environment(size, machines);
-}
-
 }  // namespace
 
-bool is_available() { return true; }
-
-HostTopology host_topology() {
-  Process& p = process();
-  std::lock_guard lock(p.mutex);
-  if (!p.hosts_known) throw CommError("[mpi::host_topology] MPI is not initialised; call it inside a rank of run()");
-  return p.hosts;
-}
-
-bool launched_by_mpirun() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
-}
-
-std::shared_ptr<Communicator> init(int* argc, char*** argv) {
-  Process& p = process();
-  std::lock_guard lock(p.mutex);
-  if (auto world = p.world.lock()) return world;
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (finalized) throw CommError("[mpi::init] MPI was finalized in this process and cannot start again");
-  int provided = MPI_THREAD_SINGLE;
-  if (!initialized) {
-    const int rc = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
-    if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Init_thread failed: " + detail::error_string(rc));
-    p.initialized_here = true;
-  } else {
-    MPI_Query_thread(&provided);
+// The world's communicator over comm (owned from here on): its send/recv and side-channel twins
+// come from MPI_Comm_dup, at init, where every rank makes them together.
+std::shared_ptr<Communicator> detail::make_world_communicator(MPI_Comm comm, int rank, std::vector<int> world) {
+  set_errors_return(comm);
+  MPI_Comm twins[2] = {MPI_COMM_NULL, MPI_COMM_NULL};  // send/recv, side channel
+  for (MPI_Comm& twin : twins) {
+    const int rc = detail::locked([&] { return MPI_Comm_dup(comm, &twin); });
+    if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Comm_dup failed: " + detail::error_string(rc));
+    set_errors_return(twin);
   }
-  if (provided < MPI_THREAD_SERIALIZED) {
-    if (p.initialized_here) {
-      MPI_Finalize();
-      p.finalized_here = true;
-    }
-    throw CommError(concat("[mpi::init] MPI provides ", thread_level_name(provided),
-                           "; Tessera needs MPI_THREAD_SERIALIZED or better (async calls run on worker threads), "
-                           "preferably MPI_THREAD_MULTIPLE"));
-  }
-  detail::serialize_calls.store(provided < MPI_THREAD_MULTIPLE);
-
-  if (!p.ops_created) {
-    for (auto& row : p.ops) row.fill(MPI_OP_NULL);
-    p.ops_created = true;
-    create_user_ops<DType::f32>(p);
-    create_user_ops<DType::f64>(p);
-    create_user_ops<DType::f16>(p);
-    create_user_ops<DType::bf16>(p);
-  }
-  int* tag_ub = nullptr;
-  int found = 0;
-  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &found);
-  if (found && tag_ub) p.tag_ub = *tag_ub;
-  detail::tag_upper_bound.store(p.tag_ub);
-  // Errors raised on the world's own handles (OpenMPI reports some request errors there)
-  // come back as codes too, so they become CommErrors instead of ending the process.
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  MPI_Comm_set_errhandler(MPI_COMM_SELF, MPI_ERRORS_RETURN);
-
-  // The hosts, and whether this one runs more ranks than it has cores (then waits yield at once
-  // instead of spinning first).
-  int local_ranks = 1;
-  if (!p.hosts_known) {
-    p.hosts = find_hosts(local_ranks);
-    p.hosts_known = true;
-  } else {
-    int me = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &me);
-    local_ranks = static_cast<int>(p.hosts.ranks_on(p.hosts.host_of(me)).size());
-  }
-  const unsigned cores = std::thread::hardware_concurrency();
-  detail::oversubscribed.store(cores > 0 && static_cast<unsigned>(local_ranks) > cores);
-
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
-  if (rc == MPI_SUCCESS && p.end_of_program == MPI_COMM_NULL) rc = MPI_Comm_dup(MPI_COMM_WORLD, &p.end_of_program);
-  if (rc != MPI_SUCCESS) throw CommError("[mpi::init] MPI_Comm_dup failed: " + detail::error_string(rc));
-  set_errors_return(p.end_of_program);
-  int rank = 0, size = 0;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  std::vector<int> world(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) world[static_cast<size_t>(r)] = r;
-  auto communicator = make_world_communicator(comm, rank, std::move(world));
-  p.world = communicator;
-  return communicator;
+  const bool alone = world.size() == 1;
+  if (alone) MPI_Comm_free(&twins[1]);
+  return std::make_shared<MpiCommunicator>(comm, twins[0], alone ? MPI_COMM_NULL : twins[1], rank, std::move(world));
 }
 
 void end_of_program(Communicator& world) {
@@ -961,36 +759,10 @@ void end_of_program(Communicator& world) {
   if (!mpi_world || world.size() == 1) return;
   MPI_Comm end = MPI_COMM_NULL;
   {
-    std::lock_guard lock(process().mutex);
-    end = process().end_of_program;
+    std::lock_guard lock(detail::process().mutex);
+    end = detail::process().end_of_program;
   }
   if (end != MPI_COMM_NULL) mpi_world->end_of_program(end);
-}
-
-void finalize() {
-  Process& p = process();
-  std::lock_guard lock(p.mutex);
-  if (!p.initialized_here || p.finalized_here) return;
-  p.finalized_here = true;
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  for (auto& row : p.ops)
-    for (MPI_Op& op : row)
-      if (op != MPI_OP_NULL) MPI_Op_free(&op);
-  p.ops_created = false;
-  if (p.end_of_program != MPI_COMM_NULL) MPI_Comm_free(&p.end_of_program);
-  MPI_Finalize();
-}
-
-void abort(int code, const std::string& reason) {
-  std::fprintf(stderr, "tessera: %s\n", reason.c_str());
-  std::fflush(stderr);
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
 }
 
 }  // namespace tessera::mpi
