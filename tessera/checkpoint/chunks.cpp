@@ -3,8 +3,6 @@
 #include <algorithm>
 
 #include <tessera/core/error.hpp>
-#include <tessera/comm/communicator.hpp>
-#include <tessera/runtime/runtime.hpp>
 
 namespace tessera::checkpoint::detail {
 
@@ -77,42 +75,6 @@ Tensor padded_chunk(const Tensor& block, const Shape& chunks) {
   for (int64_t d = 0; d < block.ndim(); ++d) region = region.narrow(d, 0, block.shape()[d]);
   region.copy_(block);
   return chunk;
-}
-
-void check_key(const std::string& key, const char* op) {
-  TESSERA_CHECK(!key.empty() && key != "." && key != ".." && key.find('/') == std::string::npos &&
-                    key.find('\t') == std::string::npos && key.find('\n') == std::string::npos && key != "zarr.json",
-                ValueError, op, "key '", key, "' cannot name a Zarr array (empty, '.', '..', 'zarr.json', or with '/', a tab or a newline)");
-}
-
-std::string all_gather_text(const std::string& mine) {
-  Communicator& comm = world();
-  int64_t size = static_cast<int64_t>(mine.size());
-  std::vector<int64_t> sizes(static_cast<size_t>(comm.size()));
-  comm.all_gather(&size, sizes.data(), 1, DType::i64);
-  int64_t total = 0;
-  for (int64_t s : sizes) total += s;
-  std::string all(static_cast<size_t>(total), '\0');
-  comm.all_gather_v(mine.data(), all.data(), sizes, DType::u8);
-  return all;
-}
-
-namespace {
-int64_t& fault_countdown() {
-  thread_local int64_t countdown = -1;
-  return countdown;
-}
-}  // namespace
-
-void set_save_fault(int64_t chunks) { fault_countdown() = chunks; }
-
-void save_fault_point() {
-  int64_t& countdown = fault_countdown();
-  if (countdown < 0) return;
-  if (countdown-- == 0) {
-    countdown = -1;
-    TESSERA_CHECK(false, Error, "checkpoint::save", "fault injected by the test on rank ", rank());
-  }
 }
 
 }  // namespace tessera::checkpoint::detail

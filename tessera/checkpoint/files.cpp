@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <tessera/checkpoint/checkpoint.hpp>
+#include <tessera/checkpoint/detail/faults.hpp>
 #include <tessera/checkpoint/detail/zarr.hpp>
 
 namespace tessera::checkpoint::detail {

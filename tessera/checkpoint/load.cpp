@@ -15,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include <tessera/checkpoint/detail/agreement.hpp>
 #include <tessera/checkpoint/detail/chunks.hpp>
 #include <tessera/checkpoint/detail/files.hpp>
 #include <tessera/checkpoint/detail/zarr.hpp>
@@ -234,8 +235,8 @@ void load(const std::string& dir, std::map<std::string, DTensor>& tensors) {
     error = std::current_exception();
   }
   // Every rank learns whether any failed, so that none goes on alone.
-  const std::string all = detail::all_gather_text(failure.empty() ? "" : std::to_string(rank()) + "\t" + failure + "\n");
-  if (all.empty()) {
+  const std::string first = detail::first_failure(failure);
+  if (first.empty()) {
     const autograd::NoGradGuard no_grad;
     for (auto& [value, split] : gathers) {  // collective over each value's mesh, in key order
       Tensor local = value->to_local();
@@ -244,9 +245,7 @@ void load(const std::string& dir, std::map<std::string, DTensor>& tensors) {
     return;
   }
   if (error) std::rethrow_exception(error);  // this rank's own error, as it was thrown
-  const size_t tab = all.find('\t');
-  TESSERA_CHECK(false, IoError, "checkpoint::load", "rank ", all.substr(0, tab), " failed: ",
-                all.substr(tab + 1, all.find('\n') - tab - 1));
+  TESSERA_CHECK(false, IoError, "checkpoint::load", first);
 }
 
 }  // namespace tessera::checkpoint

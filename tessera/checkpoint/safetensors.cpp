@@ -13,8 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include <tessera/checkpoint/detail/chunks.hpp>
 #include <tessera/core/grad_mode.hpp>
+#include <tessera/dtensor/internal/mesh_io.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera::checkpoint {
@@ -233,7 +233,7 @@ void export_safetensors(const std::string& dir, const std::map<std::string, DTen
   }
 
   // Only rank 0 wrote, so only its report can be non-empty; every rank throws the same error.
-  const std::string reported = detail::all_gather_text(leader ? failure : "");
+  const std::string reported = tessera::detail::all_gather_text(world(), leader ? failure : "").front();
   TESSERA_CHECK(reported.empty(), IoError, kOp, "rank 0 could not export to ", target.string(), ": ", reported);
 }
 

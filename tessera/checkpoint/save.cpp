@@ -5,11 +5,13 @@
 
 #include <filesystem>
 #include <iostream>
-#include <sstream>
 
+#include <tessera/checkpoint/detail/agreement.hpp>
 #include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/checkpoint/detail/faults.hpp>
 #include <tessera/checkpoint/detail/files.hpp>
 #include <tessera/checkpoint/detail/zarr.hpp>
+#include <tessera/dtensor/internal/mesh_io.hpp>
 #include <tessera/grad/engine.hpp>
 #include <tessera/runtime/runtime.hpp>
 
@@ -19,15 +21,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Writes this rank's chunk of `value` (already in plan.layout) if it is the writer; returns
-// "name\tkey\tcrc\n" for the metadata, or "".
-std::string write_chunk(const fs::path& array_dir, const std::string& name, const DTensor& value,
-                        const detail::ChunkPlan& plan, const SaveOptions& options) {
+// Writes this rank's chunk of array number `array` (`value`, already in plan.layout) if it is the
+// writer, and appends to `checksums` what the metadata needs of it: [array, chunk grid index...,
+// CRC-32 of the file's bytes].
+void write_chunk(const fs::path& array_dir, int64_t array, const DTensor& value, const detail::ChunkPlan& plan,
+                 const SaveOptions& options, std::vector<int64_t>& checksums) {
   const DeviceMesh& mesh = value.device_mesh();
-  if (!mesh.is_member()) return "";
-  const std::vector<int64_t> coordinate = mesh.coordinate();
-  const auto index = detail::chunk_index(plan, coordinate);
-  if (!index) return "";  // a replica, or an empty trailing piece
+  if (!mesh.is_member()) return;
+  const auto index = detail::chunk_index(plan, mesh.coordinate());
+  if (!index) return;  // a replica, or an empty trailing piece
   const Tensor chunk = detail::padded_chunk(value.to_local(), plan.chunks);
   const std::string key = detail::chunk_key(*index);
   uint32_t crc = 0;
@@ -39,25 +41,9 @@ std::string write_chunk(const fs::path& array_dir, const std::string& name, cons
     detail::write_file(array_dir / key, chunk.raw_data(), chunk.nbytes(), false);
     crc = detail::crc32_of(chunk.raw_data(), chunk.nbytes());
   }
-  std::ostringstream line;
-  line << name << '\t' << key << '\t' << crc << '\n';
-  return line.str();
-}
-
-// `message` on one line: failures travel as one line per rank.
-std::string one_line(std::string message) {
-  for (char& c : message)
-    if (c == '\n' || c == '\t') c = ' ';
-  return message;
-}
-
-// The first failure of every rank's `failure` ("" on success) as "rank R failed: message", the
-// lowest failed rank's, on every rank; "" when none failed. Collective over the world.
-std::string first_failure(const std::string& failure) {
-  const std::string all = detail::all_gather_text(failure.empty() ? "" : std::to_string(rank()) + "\t" + one_line(failure) + "\n");
-  if (all.empty()) return "";
-  const size_t tab = all.find('\t');
-  return "rank " + all.substr(0, tab) + " failed: " + all.substr(tab + 1, all.find('\n') - tab - 1);
+  checksums.push_back(array);
+  checksums.insert(checksums.end(), index->begin(), index->end());
+  checksums.push_back(crc);
 }
 
 }  // namespace
@@ -95,24 +81,26 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
       failure = e.what();
     }
   }
-  abandon_if(first_failure(failure));
+  abandon_if(detail::first_failure(failure));
 
   // Each rank writes its chunks. A failure is recorded, not thrown, and the loop goes on with
   // the regathers alone (collectives): every rank runs the same collectives whatever fails, so
   // that none is left waiting in one and every rank learns the first failure from the exchange
   // below.
-  std::string lines;
+  std::vector<int64_t> checksums;
   std::map<std::string, Shape> chunk_shapes;  // for the metadata
   {
     const autograd::NoGradGuard no_grad;
+    int64_t array = 0;
     for (const auto& [name, value] : tensors) {
+      const int64_t number = array++;
       try {
         const detail::ChunkPlan plan = detail::chunk_plan(value.layout());
         chunk_shapes[name] = plan.chunks;
         const DTensor aligned =
             value.layout() == plan.layout ? value : value.redistribute(value.device_mesh(), plan.layout);
         if (!failure.empty()) continue;
-        lines += write_chunk(staging / name, name, aligned, plan, options);
+        write_chunk(staging / name, number, aligned, plan, options, checksums);
         detail::save_fault_point();
       } catch (const std::exception& e) {
         if (failure.empty()) failure = e.what();
@@ -124,27 +112,21 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  const std::string report = failure.empty() ? lines : "!" + std::to_string(rank()) + "\t" + one_line(failure) + "\n";
-  const std::string all = detail::all_gather_text(report);
-
-  std::string first;
+  abandon_if(detail::first_failure(failure));
+  // Every chunk's checksum, for the array's metadata: [array, grid index..., CRC-32] words.
+  std::vector<std::string> names;
+  for (const auto& entry : tensors) names.push_back(entry.first);
   std::map<std::string, detail::ArrayMeta> arrays;
-  std::istringstream in(all);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    if (line[0] == '!') {
-      const size_t tab = line.find('\t');
-      if (first.empty()) first = "rank " + line.substr(1, tab - 1) + " failed: " + line.substr(tab + 1);
-      continue;
+  for (const std::vector<int64_t>& words : tessera::detail::all_gather_int64(world(), checksums)) {
+    for (size_t at = 0; at < words.size();) {
+      const std::string& name = names.at(static_cast<size_t>(words[at++]));
+      const size_t ndim = chunk_shapes.at(name).size();
+      const std::vector<int64_t> index(words.begin() + static_cast<std::ptrdiff_t>(at),
+                                       words.begin() + static_cast<std::ptrdiff_t>(at + ndim));
+      at += ndim;
+      arrays[name].checksums[detail::chunk_key(index)] = static_cast<uint32_t>(words.at(at++));
     }
-    std::istringstream fields(line);
-    std::string name, key, crc;
-    std::getline(fields, name, '\t');
-    std::getline(fields, key, '\t');
-    std::getline(fields, crc, '\t');
-    arrays[name].checksums[key] = static_cast<uint32_t>(std::stoul(crc));
   }
-  abandon_if(first);
 
   // The arrays' metadata, spread over the ranks (array i by rank i mod n): where creating and
   // syncing a file costs a millisecond, one rank writing them all would take most of the save.
@@ -165,7 +147,7 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
   } catch (const std::exception& e) {
     failure = e.what();
   }
-  abandon_if(first_failure(failure));
+  abandon_if(detail::first_failure(failure));
 
   // The commit, by rank 0. Once it has switched the new group in, the save has succeeded: what
   // fails after (syncing the parent, removing the previous checkpoint) is a warning.
@@ -178,15 +160,39 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
     } catch (const detail::SimulatedCrash& crash) {  // the process "died": nothing more happens on the disk
       outcome = "Cthe commit stopped before its file-system call " + std::to_string(crash.call) + " (fault injected by the test)";
     } catch (const std::exception& e) {
-      outcome = "F" + one_line(e.what());
+      outcome = std::string("F") + e.what();
       std::error_code ec;
       fs::remove_all(staging, ec);
     }
   }
-  const std::string told = detail::all_gather_text(outcome);  // rank 0's alone
+  const std::string told = tessera::detail::all_gather_text(world(), outcome).front();  // rank 0's alone
   if (told.empty()) return;
   TESSERA_CHECK(told[0] != 'C', Error, "checkpoint::save", "rank 0 stopped: ", told.substr(1));
   TESSERA_CHECK(false, IoError, "checkpoint::save", "rank 0 failed: ", told.substr(1));
 }
+
+namespace detail {
+
+namespace {
+
+int64_t& fault_countdown() {
+  thread_local int64_t countdown = -1;
+  return countdown;
+}
+
+}  // namespace
+
+void set_save_fault(int64_t chunks) { fault_countdown() = chunks; }
+
+void save_fault_point() {
+  int64_t& countdown = fault_countdown();
+  if (countdown < 0) return;
+  if (countdown-- == 0) {
+    countdown = -1;
+    TESSERA_CHECK(false, Error, "checkpoint::save", "fault injected by the test on rank ", rank());
+  }
+}
+
+}  // namespace detail
 
 }  // namespace tessera::checkpoint

@@ -125,4 +125,11 @@ uint32_t crc32_of(const void* bytes, int64_t count) {
   return crc32_gzip_refl(0, static_cast<const unsigned char*>(bytes), static_cast<uint64_t>(count));
 }
 
+void check_key(const std::string& key, const char* op) {
+  TESSERA_CHECK(!key.empty() && key != "." && key != ".." && key.find('/') == std::string::npos &&
+                    key.find('\t') == std::string::npos && key.find('\n') == std::string::npos && key != "zarr.json",
+                ValueError, op, "key '", key,
+                "' cannot name a Zarr array (empty, '.', '..', 'zarr.json', or with '/', a tab or a newline)");
+}
+
 }  // namespace tessera::checkpoint::detail

@@ -10,6 +10,7 @@
 
 #include <tessera/checkpoint/checkpoint.hpp>
 #include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/checkpoint/detail/faults.hpp>
 #include <tessera/checkpoint/detail/zarr.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/ops.hpp>

@@ -13,6 +13,7 @@
 
 #include <tessera/checkpoint/checkpoint.hpp>
 #include <tessera/checkpoint/detail/chunks.hpp>
+#include <tessera/checkpoint/detail/faults.hpp>
 #include <tessera/checkpoint/detail/files.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/ops/ops.hpp>

@@ -5,7 +5,6 @@
 // (edge chunks padded to the full chunk shape, as Zarr stores them).
 #include <cstdint>
 #include <optional>
-#include <string>
 #include <vector>
 
 #include <tessera/core/export.hpp>
@@ -30,16 +29,6 @@ ChunkPlan chunk_plan(const Layout& layout);
 std::optional<std::vector<int64_t>> chunk_index(const ChunkPlan& plan, const std::vector<int64_t>& coordinate);
 /// `block` in a zero tensor of the chunk shape (contiguous), at the origin.
 Tensor padded_chunk(const Tensor& block, const Shape& chunks);
-/// Throws ValueError naming `op` unless `key` is a usable array name.
-void check_key(const std::string& key, const char* op);
-
-/// Every rank's `mine`, concatenated in rank order, on every rank of the world. Collective.
-std::string all_gather_text(const std::string& mine);
-
-/// Tests only: the calling rank's save throws after writing `chunks` more arrays' chunks
-/// (negative: never).
-void set_save_fault(int64_t chunks);
-void save_fault_point();
 
 }  // namespace checkpoint::detail
 }  // namespace tessera

@@ -37,6 +37,10 @@ std::string array_json(const ArrayMeta& meta);
 /// (another codec, grid or chunk key encoding, an unknown data type).
 ArrayMeta parse_array_json(const std::string& text, const std::string& path);
 
+/// Throws ValueError naming `op` unless `key` can name an array of the group (a directory of its
+/// own: not empty, '.', '..' or 'zarr.json', without '/', a tab or a newline).
+void check_key(const std::string& key, const char* op);
+
 /// "c.i.j" (separator '.') or "c/i/j" for the chunk at grid index `index` ("c" for a 0-d array).
 std::string chunk_key(const std::vector<int64_t>& index, char separator = '.');
 /// Number of chunks along a dim of `extent` elements cut every `chunk`.

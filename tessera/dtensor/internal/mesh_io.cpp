@@ -13,9 +13,7 @@ Communicator& mesh_comm(const DeviceMesh& mesh, const char* op) {
   return *comm;
 }
 
-std::vector<std::vector<int64_t>> all_gather_int64(const DeviceMesh& mesh, const std::vector<int64_t>& values,
-                                                   const char* op) {
-  Communicator& comm = mesh_comm(mesh, op);
+std::vector<std::vector<int64_t>> all_gather_int64(Communicator& comm, const std::vector<int64_t>& values) {
   const int64_t n = comm.size();
   std::vector<int64_t> lengths(static_cast<size_t>(n));
   const int64_t mine = static_cast<int64_t>(values.size());
@@ -33,11 +31,20 @@ std::vector<std::vector<int64_t>> all_gather_int64(const DeviceMesh& mesh, const
   return out;
 }
 
-std::vector<std::string> all_gather_text(const DeviceMesh& mesh, const std::string& text, const char* op) {
-  const auto codes = all_gather_int64(mesh, std::vector<int64_t>(text.begin(), text.end()), op);
+std::vector<std::string> all_gather_text(Communicator& comm, const std::string& text) {
+  const auto codes = all_gather_int64(comm, std::vector<int64_t>(text.begin(), text.end()));
   std::vector<std::string> out;
   for (const auto& c : codes) out.emplace_back(c.begin(), c.end());
   return out;
+}
+
+std::vector<std::vector<int64_t>> all_gather_int64(const DeviceMesh& mesh, const std::vector<int64_t>& values,
+                                                   const char* op) {
+  return all_gather_int64(mesh_comm(mesh, op), values);
+}
+
+std::vector<std::string> all_gather_text(const DeviceMesh& mesh, const std::string& text, const char* op) {
+  return all_gather_text(mesh_comm(mesh, op), text);
 }
 
 }  // namespace tessera::detail
