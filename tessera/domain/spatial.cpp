@@ -20,7 +20,7 @@
 
 namespace tessera {
 
-using detail::per_dim;
+using detail::per_spatial_dim;
 using detail::replicate_where;
 using detail::replicated;
 
@@ -296,9 +296,9 @@ DTensor conv_nd(const char* call, int64_t spatial, const DTensor& x_in, const DT
   TESSERA_CHECK(weight_in.layout().mesh() == spec && (!bias_in || bias_in->layout().mesh() == spec), ShardingError,
                 call, "weight ", weight_in.layout().to_string(), bias_in ? " and bias " + bias_in->layout().to_string() : "",
                 " are not on the input's mesh ", spec.to_string());
-  stride = per_dim(call, "stride", std::move(stride), spatial);
-  padding = per_dim(call, "padding", std::move(padding), spatial);
-  dilation = per_dim(call, "dilation", std::move(dilation), spatial);
+  stride = per_spatial_dim(stride, spatial, call, "stride");
+  padding = per_spatial_dim(padding, spatial, call, "padding");
+  dilation = per_spatial_dim(dilation, spatial, call, "dilation");
   check_conv(call, spatial, x_in, weight_in, bias_in, groups);
   check_windows(call, x_in, kernel_of(weight_in, spatial), stride, padding, dilation);
   const ChannelPlan plan = plan_channels(x_in, weight_in, bias_in, groups);
@@ -328,9 +328,9 @@ DTensor pool2d(const char* call, const DTensor& x_in, std::vector<int64_t> kerne
                std::vector<int64_t> padding, bool max) {
   TESSERA_CHECK(x_in.defined(), ShardingError, call, "undefined input");
   TESSERA_CHECK(x_in.ndim() == 4, ValueError, call, "input ", x_in.layout().to_string(), " is not [N, C, H, W]");
-  kernel = per_dim(call, "kernel", std::move(kernel), 2);
-  stride = stride.empty() ? kernel : per_dim(call, "stride", std::move(stride), 2);
-  padding = per_dim(call, "padding", std::move(padding), 2);
+  kernel = per_spatial_dim(kernel, 2, call, "kernel");
+  stride = stride.empty() ? kernel : per_spatial_dim(stride, 2, call, "stride");
+  padding = per_spatial_dim(padding, 2, call, "padding");
   check_windows(call, x_in, kernel, stride, padding, {1, 1});
   const DTensor x = replicate_where(x_in, [](const Placement& p) { return is_partial(p); });
   const auto fill = max ? std::optional<double>(-std::numeric_limits<double>::infinity()) : std::nullopt;
@@ -356,7 +356,7 @@ DTensor interpolate(const DTensor& x_in, std::vector<int64_t> size, std::string_
   TESSERA_CHECK(x_in.defined(), ShardingError, call, "undefined input");
   TESSERA_CHECK(x_in.ndim() >= 3, ValueError, call, "input ", x_in.layout().to_string(), " is not [N, C, spatial...]");
   const int64_t spatial = x_in.ndim() - 2;
-  size = per_dim(call, "size", std::move(size), spatial);
+  size = per_spatial_dim(size, spatial, call, "size");
   TESSERA_CHECK(mode == "nearest" || mode == "bilinear", ValueError, call, "mode '", mode,
                 "' is not one of 'nearest', 'bilinear'");
   const bool bilinear = mode == "bilinear";

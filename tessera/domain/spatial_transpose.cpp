@@ -19,7 +19,7 @@
 
 namespace tessera {
 
-using detail::per_dim;
+using detail::per_spatial_dim;
 using detail::replicate_where;
 using detail::replicated;
 
@@ -75,10 +75,10 @@ DTensor conv_transpose2d(const DTensor& x_in, const DTensor& weight_in, const st
   TESSERA_CHECK(weight_in.layout().mesh() == spec && (!bias_in || bias_in->layout().mesh() == spec), ShardingError,
                 call, "weight ", weight_in.layout().to_string(), bias_in ? " and bias " + bias_in->layout().to_string() : "",
                 " are not on the input's mesh ", spec.to_string());
-  stride = per_dim(call, "stride", std::move(stride), 2);
-  padding = per_dim(call, "padding", std::move(padding), 2);
-  output_padding = per_dim(call, "output_padding", std::move(output_padding), 2);
-  dilation = per_dim(call, "dilation", std::move(dilation), 2);
+  stride = per_spatial_dim(stride, 2, call, "stride");
+  padding = per_spatial_dim(padding, 2, call, "padding");
+  output_padding = per_spatial_dim(output_padding, 2, call, "output_padding");
+  dilation = per_spatial_dim(dilation, 2, call, "dilation");
   const DTensor x = replicate_where(x_in, [](const Placement& p) { return is_partial(p) || is_shard(p, 1); });
   const DTensor weight = replicated(weight_in);
   const std::optional<DTensor> bias = bias_in ? std::optional<DTensor>(replicated(*bias_in)) : std::nullopt;
@@ -161,7 +161,7 @@ DTensor adaptive_avg_pool2d(const DTensor& x_in, std::vector<int64_t> output_siz
   constexpr const char* call = "adaptive_avg_pool2d";
   TESSERA_CHECK(x_in.defined(), ShardingError, call, "undefined input");
   TESSERA_CHECK(x_in.ndim() == 4, ValueError, call, "input ", x_in.layout().to_string(), " is not [N, C, H, W]");
-  output_size = per_dim(call, "output_size", std::move(output_size), 2);
+  output_size = per_spatial_dim(output_size, 2, call, "output_size");
   DTensor x = replicate_where(x_in, [](const Placement& p) { return is_partial(p); });
   // One output along a sharded dim (global pooling): the mean over it, a Partial; nothing moves.
   // The pooling below is linear, so the Partial passes through it.

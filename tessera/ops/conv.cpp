@@ -36,9 +36,10 @@
 #include <tessera/core/dtype.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/grad/engine.hpp>
-#include <tessera/ops/detail/gemm.hpp>
 #include <tessera/ops/conv.hpp>
 #include <tessera/ops/detail/conv_forward.hpp>
+#include <tessera/ops/detail/gemm.hpp>
+#include <tessera/ops/internal/spatial_args.hpp>
 #include <tessera/ops/linalg.hpp>
 #include <tessera/ops/tensor_grad_ops.hpp>
 #include <vector>
@@ -82,14 +83,12 @@ void check_floating(const Tensor& x, const char* op) {
                 x.shape().to_string(), "; expected a floating dtype (f32, f64, f16, bf16)");
 }
 
-// One value per spatial dim from 1 or `spatial` values, placed in the last `spatial` of 3 dims;
+// One value per spatial dim (detail::per_spatial_dim), placed in the last `spatial` of 3 dims;
 // the leading dims get `fill`.
 Dims3 spatial_param(const std::vector<int64_t>& values, int spatial, int64_t fill, const char* op, const char* what) {
-  const auto count = static_cast<int64_t>(values.size());
-  TESSERA_CHECK(count == 1 || count == spatial, ValueError, op, what, " ", text(values), " has ", count,
-                " values; expected 1", spatial == 1 ? "" : detail::concat(" or ", spatial));
+  const std::vector<int64_t> per_dim = detail::per_spatial_dim(values, spatial, op, what);
   Dims3 out{fill, fill, fill};
-  for (int i = 0; i < spatial; ++i) out[static_cast<size_t>(3 - spatial + i)] = values[count == 1 ? 0 : i];
+  for (int i = 0; i < spatial; ++i) out[static_cast<size_t>(3 - spatial + i)] = per_dim[static_cast<size_t>(i)];
   return out;
 }
 

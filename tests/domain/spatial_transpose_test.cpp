@@ -178,8 +178,11 @@ TEST(ShardedConvTranspose, ErrorsNameTheCall) {
     const DTensor w = distribute_tensor(smooth({2, 3, 3, 3}, 0.2), mesh, {Replicate{}});
     EXPECT_TRUE(throws_with<ValueError>([&] { conv_transpose2d(x, w, std::nullopt, {2}, {0}, {2}); },
                                         {"[conv_transpose2d]", "output_padding 2", "gives no valid output"}));
-    EXPECT_TRUE(throws_with<ValueError>([&] { conv_transpose2d(x, w, std::nullopt, {1, 1, 1}); },
-                                        {"[conv_transpose2d]", "stride has 3 values for 2 spatial dims"}));
+    EXPECT_TRUE(throws_with<ValueError>(
+        [&] {
+          conv_transpose2d(x, w, std::nullopt, {1, 1, 1});
+        },
+        {"[conv_transpose2d]", "stride [1, 1, 1] has 3 values; expected 1 or 2"}));
     EXPECT_TRUE(throws_with<ValueError>([&] { adaptive_avg_pool2d(x, {0, 2}); },
                                         {"[adaptive_avg_pool2d]", "output size 0"}));
   });

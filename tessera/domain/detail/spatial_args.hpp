@@ -5,16 +5,9 @@
 
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/dtensor.hpp>
+#include <tessera/ops/internal/spatial_args.hpp>  // per_spatial_dim
 
 namespace tessera::detail {
-
-/// One value per spatial dim (a single value applies to all), as torch's int-or-tuple arguments.
-inline std::vector<int64_t> per_dim(const char* call, const char* what, std::vector<int64_t> v, int64_t spatial) {
-  if (v.size() == 1) v.assign(static_cast<size_t>(spatial), v.front());
-  TESSERA_CHECK(static_cast<int64_t>(v.size()) == spatial, ValueError, call, what, " has ", v.size(),
-                " values for ", spatial, " spatial dims; give 1 or ", spatial);
-  return v;
-}
 
 /// x with the mesh dims whose placement `moves` replicated instead (redistributed only if any).
 template <class Moves>
