@@ -1,4 +1,4 @@
-// conv2d forward throughput (f32) of the two algorithms of tessera/ops/conv.cpp against the ceiling
+// conv2d forward throughput (f32) of the two algorithms of tessera/ops/convolution.cpp against the ceiling
 // that matters, measured in the same run:
 //
 //  * im2col: unfold the input into [C/g * KH * KW, H_out * W_out] chunks and multiply each by the
@@ -60,7 +60,7 @@ const std::vector<ConvShape> kShapes = {
 };
 
 // Columns per GEMM when im2col unfolds in chunks: about 2 MiB of f32 [K, cols] (kColBytes and
-// kMinChunkCols in tessera/ops/conv.cpp), for the chunked sgemm baseline.
+// kMinChunkCols in tessera/ops/convolution.cpp), for the chunked sgemm baseline.
 int64_t chunk_cols(int64_t k, int64_t n) { return std::min(std::max<int64_t>((int64_t{1} << 21) / 4 / k, 256), n); }
 
 double seconds_now(bool cpu_time) {

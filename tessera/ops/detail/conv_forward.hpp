@@ -11,7 +11,7 @@
 namespace tessera TESSERA_API {
 
 /// How the convolution forward computes: im2col + one GEMM per group, or a direct blocked loop;
-/// automatic picks per shape class (the measurement is in conv.cpp, the bench in
+/// automatic picks per shape class (the measurement is in convolution.cpp, the bench in
 /// bench/conv_bench.cpp).
 enum class ConvAlgorithm { automatic, im2col, direct };
 
@@ -23,7 +23,7 @@ Tensor conv_forward(const Tensor& x, const Tensor& weight, const std::optional<T
                     const std::vector<int64_t>& dilation, int64_t groups, ConvAlgorithm algorithm);
 /// The algorithm `automatic` uses for a conv weight shape [O, C / groups, k...] under stride (1 value
 /// or one per spatial dim) and groups: direct for one output channel per group (depthwise) with 25+
-/// kernel taps or a stride > 1, else im2col (measurements in conv.cpp). Pure.
+/// kernel taps or a stride > 1, else im2col (measurements in convolution.cpp). Pure.
 ConvAlgorithm chosen_conv_algorithm(const Shape& weight, const std::vector<int64_t>& stride, int64_t groups);
 }  // namespace detail
 
