@@ -39,7 +39,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <thread>
 
 #include <tessera/comm/detail/reduce_kernels.hpp>
 #include <tessera/comm/mpi/detail/mpi_impl.hpp>
@@ -168,15 +167,14 @@ class MpiCommunicator final : public Communicator {
   std::string_view backend() const override { return "mpi"; }
 
   // mpi::end_of_program on the world: an Ibarrier on the process's end-of-program communicator,
-  // polled like every wait; past the grace period this rank says on the world's side channel
-  // that it ended, once.
+  // polled like every wait (a PollBackoff that never sees progress: it rests between tries);
+  // past the grace period this rank says on the world's side channel that it ended, once.
   void end_of_program(MPI_Comm end) {
-    using Clock = std::chrono::steady_clock;
     synchronize();
     MPI_Request request = MPI_REQUEST_NULL;
     const int rc = detail::locked([&] { return MPI_Ibarrier(end, &request); });
     if (rc != MPI_SUCCESS) throw CommError("[end_of_program] MPI_Ibarrier failed: " + detail::error_string(rc));
-    const auto start = Clock::now();
+    detail::PollBackoff backoff;
     const double timeout = comm_timeout_seconds();
     const double grace = std::min(detail::tuning().desync_grace_seconds, timeout / 2);
     bool told = false;
@@ -184,7 +182,7 @@ class MpiCommunicator final : public Communicator {
       int done = 0;
       detail::locked([&] { return MPI_Test(&request, &done, MPI_STATUS_IGNORE); });
       if (done) return;
-      const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+      const double waited = std::chrono::duration<double>(backoff.idle()).count();
       if (waited >= grace && !told) group_.side.post(detail::Report::end_of_program()), told = true;
       if (waited >= timeout) {
         group_.side.drain();
@@ -198,7 +196,7 @@ class MpiCommunicator final : public Communicator {
                                " did not end theirs within ", timeout, " s (a rank still waits in a call, or the",
                                " ranks made different numbers of calls)"));
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(waited < 0.02 ? 20 : 500));
+      backoff.rest();
     }
   }
 

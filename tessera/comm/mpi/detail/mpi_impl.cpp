@@ -228,31 +228,33 @@ bool Op::test(MPI_Request& request) {
   return done != 0;
 }
 
-namespace {
+PollBackoff::PollBackoff() : spin_limit_(oversubscribed.load(std::memory_order_relaxed) ? 0 : 2000) {}
 
-inline void cpu_relax() {
+bool PollBackoff::spin() {
+  if (spun_out()) return false;
+  ++spins_;
 #if defined(__x86_64__) || defined(__i386__)
   _mm_pause();
 #endif
+  return true;
 }
 
-}  // namespace
+void PollBackoff::rest() const {
+  if (idle() < kYieldPhase)
+    sched_yield();
+  else
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
 
 void Op::wait(MPI_Request* requests, int n, PendingText pending, MPI_Status* statuses) {
-  using Clock = std::chrono::steady_clock;
-  // MPI progresses only inside MPI calls (the receiver of a large shared-memory message copies
-  // it in MPI_Test), so polling is the wait. Spin while a message is likely imminent, then
-  // yield the core (ranks may outnumber cores), then sleep briefly so a rank that waits
-  // seconds for a slow peer does not burn a core.
-  // Past the grace period (no progress for that long) the rank reports the call it waits in on
-  // the side channel and reads the others' reports every few milliseconds (diagnose).
-  const int spin_limit = oversubscribed.load(std::memory_order_relaxed) ? 0 : 2000;
+  // Polls, paced by a PollBackoff. Past the grace period (no progress for that long) the rank
+  // reports the call it waits in on the side channel and reads the others' reports every few
+  // milliseconds (diagnose).
   int remaining = 0;
   for (int i = 0; i < n; ++i) remaining += requests[i] != MPI_REQUEST_NULL;
   std::vector<int> indices;
   std::vector<MPI_Status> completed_statuses;
-  auto last_progress = Clock::now();
-  int spins = 0;
+  PollBackoff backoff;
   while (remaining > 0) {
     int completed = 0;
     if (n == 1) {
@@ -283,24 +285,17 @@ void Op::wait(MPI_Request* requests, int n, PendingText pending, MPI_Status* sta
     }
     if (completed > 0) {
       remaining -= completed;
-      spins = 0;
-      last_progress = Clock::now();
+      backoff.progressed();
       continue;
     }
-    if (spins < spin_limit) {
-      ++spins;
-      cpu_relax();
-      continue;
-    }
-    const auto idle = Clock::now() - last_progress;
-    check_idle(idle, [&] {
+    if (backoff.spin()) continue;
+    check_idle(backoff.idle(), [&] {
       std::vector<int> unfinished;
       for (int i = 0; i < n; ++i)
         if (requests[i] != MPI_REQUEST_NULL) unfinished.push_back(i);
       return pending(unfinished);
     });
-    if (idle < kYieldPhase) sched_yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(200));
+    backoff.rest();
   }
 }
 
@@ -317,7 +312,7 @@ void Op::check_idle(std::chrono::steady_clock::duration idle, const std::functio
     group_.fail(reason, call_);
     throw CommError(tessera::detail::concat("[", name(call_.kind), "] ", reason));
   }
-  if (idle < kYieldPhase || !group_.side.is_open()) return;
+  if (idle < PollBackoff::kYieldPhase || !group_.side.is_open()) return;
   if (grace_.count() < 0) grace_ = std::chrono::duration<double>(std::min(tuning().desync_grace_seconds, timeout.count() / 2));
   if (idle < grace_) return;
   if (!reported_) group_.side.post(Report::waiting(call_, counts_hash_)), reported_ = true;

@@ -128,6 +128,38 @@ class PendingText {
   std::string (*call_)(const void*, const std::vector<int>&);
 };
 
+/// How a poll waits between its tries. MPI progresses only inside MPI calls (the receiver of a
+/// large shared-memory message copies it in MPI_Test), so polling is the wait: spin while a
+/// message is likely imminent (not at all where ranks outnumber cores), then yield the core for
+/// kYieldPhase, then sleep 200 us at a time, so that a rank waiting seconds for a slow peer does
+/// not burn a core. Every wait of the backend (Op::wait, the point-to-point engine's, the end of
+/// program) paces itself with one.
+class PollBackoff {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr auto kYieldPhase = std::chrono::milliseconds(20);
+
+  PollBackoff();
+  /// Something completed: spinning starts over.
+  void progressed() {
+    spins_ = 0;
+    last_progress_ = Clock::now();
+  }
+  /// How long since the last progress (since the start, before any).
+  Clock::duration idle() const { return Clock::now() - last_progress_; }
+  /// Whether the spins are spent (then the poll checks its timeout and rests between tries).
+  bool spun_out() const { return spins_ >= spin_limit_; }
+  /// One spin (a pause of the CPU) while any are left; false once they are spent.
+  bool spin();
+  /// Gives the core away: a yield within kYieldPhase of the last progress, else a 200 us sleep.
+  void rest() const;
+
+ private:
+  int spin_limit_;
+  int spins_ = 0;
+  Clock::time_point last_progress_ = Clock::now();
+};
+
 /// One call in progress on one MPI communicator: polling with the timeout, error checks, tags.
 class Op {
  public:
@@ -163,8 +195,6 @@ class Op {
   /// reports (throws CommError when a peer failed, ended or desynchronised); past the timeout
   /// fails the group and throws CommError naming missing_text() (or, if empty, the absent ranks).
   void check_idle(std::chrono::steady_clock::duration idle, const std::function<std::string()>& missing_text);
-  /// Waits spin, then yield the core for this long without progress, then sleep briefly.
-  static constexpr auto kYieldPhase = std::chrono::milliseconds(20);
   /// True if the request completed (it then becomes MPI_REQUEST_NULL). Never blocks.
   bool test(MPI_Request& request);
   /// Fails the group and throws CommError "[kind] what on group".

@@ -1,14 +1,7 @@
 #include <tessera/comm/mpi/detail/p2p.hpp>
 
 #include <algorithm>
-#include <chrono>
-#include <thread>
 #include <utility>
-
-#include <sched.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 #include <tessera/comm/detail/async_queue.hpp>
 #include <tessera/comm/mpi/detail/tuning.hpp>
@@ -177,18 +170,15 @@ bool P2pEngine::progress_locked() {
 }
 
 void P2pEngine::wait(Request& r) {
-  using Clock = std::chrono::steady_clock;
-  const int spin_limit = oversubscribed.load(std::memory_order_relaxed) ? 0 : 2000;
-  auto last_progress = Clock::now();
-  int spins = 0;
+  PollBackoff backoff;
   std::unique_lock lock(mutex_);
   while (!r.finished) {
     bool moved = false;
     try {
       moved = progress_locked();
       if (r.finished) return;
-      if (!moved && spins >= spin_limit)
-        r.op.check_idle(Clock::now() - last_progress, [&] {
+      if (!moved && backoff.spun_out())
+        r.op.check_idle(backoff.idle(), [&] {
           return concat(r.is_send ? "no matching recv on rank " : "no matching send from rank ", r.peer);
         });
     } catch (...) {  // the group failed: every pending transfer fails with it
@@ -196,18 +186,11 @@ void P2pEngine::wait(Request& r) {
       throw;
     }
     if (moved) {
-      last_progress = Clock::now();
-      spins = 0;
-    } else if (spins < spin_limit) {
-      ++spins;
-#if defined(__x86_64__) || defined(__i386__)
-      _mm_pause();
-#endif
-    } else {
+      backoff.progressed();
+    } else if (!backoff.spin()) {
       // Let other threads post (or wait) meanwhile.
       lock.unlock();
-      if (Clock::now() - last_progress < Op::kYieldPhase) sched_yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(200));
+      backoff.rest();
       lock.lock();
     }
   }
