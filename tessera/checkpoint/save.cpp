@@ -71,11 +71,12 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
     TESSERA_CHECK(false, IoError, "checkpoint::save", failure, "; ", target.string(), " is unchanged");
   };
 
+  // The arrays' names, in the order their numbers in the checksum words refer to.
+  std::vector<std::string> names;
+  for (const auto& entry : tensors) names.push_back(entry.first);
   std::string failure;
   if (leader) {  // the group's directories, made once (each rank only writes files into them)
     try {
-      std::vector<std::string> names;
-      for (const auto& entry : tensors) names.push_back(entry.first);
       detail::prepare_staging(target, names);
     } catch (const std::exception& e) {
       failure = e.what();
@@ -114,8 +115,6 @@ void save(const std::string& dir, const std::map<std::string, DTensor>& tensors,
   }
   abandon_if(detail::first_failure(failure));
   // Every chunk's checksum, for the array's metadata: [array, grid index..., CRC-32] words.
-  std::vector<std::string> names;
-  for (const auto& entry : tensors) names.push_back(entry.first);
   std::map<std::string, detail::ArrayMeta> arrays;
   for (const std::vector<int64_t>& words : tessera::detail::all_gather_int64(world(), checksums)) {
     for (size_t at = 0; at < words.size();) {

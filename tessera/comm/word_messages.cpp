@@ -1,5 +1,7 @@
 #include <tessera/comm/word_messages.hpp>
 
+#include <algorithm>
+
 #include <tessera/core/error.hpp>
 
 namespace tessera {
@@ -24,6 +26,12 @@ std::vector<int64_t> recv_words(Communicator& comm, int peer, int length_tag, in
   std::vector<int64_t> words(static_cast<size_t>(length));
   wait_for(comm.irecv(words.data(), length, DType::i64, peer, words_tag));
   return words;
+}
+
+void drop_completed(std::vector<Work>& in_flight) {
+  const auto done = std::partition(in_flight.begin(), in_flight.end(), [](const Work& w) { return !w.is_completed(); });
+  for (auto it = done; it != in_flight.end(); ++it) it->wait();
+  in_flight.erase(done, in_flight.end());
 }
 
 }  // namespace tessera

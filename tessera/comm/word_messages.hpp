@@ -24,4 +24,8 @@ std::array<Work, 2> isend_words(Communicator& comm, std::shared_ptr<const std::v
 std::vector<int64_t> recv_words(Communicator& comm, int peer, int length_tag, int words_tag,
                                 const std::function<void(const Work&)>& wait = {});
 
+/// Drops the sends of `in_flight` that finished, after waiting each (which rethrows a failed
+/// one); the others stay in flight. For outboxes that keep sending and never wait them all.
+void drop_completed(std::vector<Work>& in_flight);
+
 }  // namespace tessera

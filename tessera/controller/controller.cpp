@@ -53,10 +53,7 @@ void ControllerState::send(const std::vector<int>& ranks, std::shared_ptr<const 
   Communicator& comm = world();
   for (int r : ranks)
     for (Work& w : isend_words(comm, words, r, kCommandLengthTag, kCommandTag)) outbox.push_back(std::move(w));
-  // Forget the sends that finished (a failed one throws here).
-  const auto done = std::partition(outbox.begin(), outbox.end(), [](const Work& w) { return !w.is_completed(); });
-  for (auto it = done; it != outbox.end(); ++it) it->wait();
-  outbox.erase(done, outbox.end());
+  drop_completed(outbox);  // a failed send throws here
 }
 
 std::vector<int> ControllerState::all_workers() const {

@@ -43,9 +43,7 @@ void ReplyOutbox::send_queued() {
       inflight_.back().keep_alive(bytes.storage());
     }
   }
-  const auto done = std::partition(inflight_.begin(), inflight_.end(), [](const Work& w) { return !w.is_completed(); });
-  for (auto it = done; it != inflight_.end(); ++it) it->wait();  // rethrows a failed send
-  inflight_.erase(done, inflight_.end());
+  drop_completed(inflight_);  // rethrows a failed send
 }
 
 void ReplyOutbox::wait_sending(const Work& work) {
