@@ -5,21 +5,18 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string_view>
-#include <thread>
-#include <type_traits>
 
 #include <tessera/comm/mpi/mpi.hpp>
-#include <tessera/comm/word_messages.hpp>
 #include <tessera/controller/detail/command.hpp>
-#include <tessera/controller/detail/wire.hpp>
+#include <tessera/controller/detail/op_rows.hpp>
+#include <tessera/controller/detail/state.hpp>
+#include <tessera/controller/detail/transport.hpp>
 #include <tessera/core/error.hpp>
-#include <tessera/mesh/device_mesh.hpp>
 #include <tessera/runtime/runtime.hpp>
-#include <tessera/sharding/layout_words.hpp>
 
 namespace tessera::controller {
 
@@ -44,85 +41,64 @@ ControllerState& require_mesh(const char* call) {
   return state;
 }
 
-void ControllerState::send(const std::vector<int>& ranks, std::shared_ptr<const Command> command) {
-  if (!mpi) {
-    for (int r : ranks) ports[static_cast<size_t>(r)]->route(command);
-    return;
-  }
-  auto words = std::make_shared<const std::vector<int64_t>>(encode_command(*command));
-  Communicator& comm = world();
-  for (int r : ranks)
-    for (Work& w : isend_words(comm, words, r, kCommandLengthTag, kCommandTag)) outbox.push_back(std::move(w));
-  drop_completed(outbox);  // a failed send throws here
-}
-
 std::vector<int> ControllerState::all_workers() const {
   std::vector<int> ranks(static_cast<size_t>(workers));
-  for (int r = 0; r < workers; ++r) ranks[static_cast<size_t>(r)] = r + first_worker();
+  for (int r = 0; r < workers; ++r) ranks[static_cast<size_t>(r)] = r + transport->first_worker();
   return ranks;
 }
 
 void ControllerState::order(const std::vector<int>& ranks, int64_t before, int64_t after) {
   const uint64_t event = next_event++;
-  auto signal = std::make_shared<Command>();
-  signal->kind = Command::Kind::signal;
-  signal->stream = before;
-  signal->event = event;
-  auto wait = std::make_shared<Command>(*signal);
-  wait->kind = Command::Kind::wait;
-  wait->stream = after;
-  send(ranks, std::move(signal));
-  send(ranks, std::move(wait));
+  send(ranks, Signal{before, event});
+  send(ranks, Wait{after, event});
 }
-
-namespace {
-
-// MPI: the future's value comes as request `request`'s reply from world rank `worker`: a header
-// (see Reply), then a tensor's bytes. `mesh` decodes a layout.
-template <class T>
-void expect_reply(ControllerState& state, const std::shared_ptr<FutureState<T>>& future, int worker, uint64_t request,
-                  const MeshSpec& mesh) {
-  future->pull = [worker, request, mesh](FutureState<T>& f) {
-    Communicator& comm = world();
-    const int tag = reply_tag(request);
-    const Reply reply = decode_reply(recv_words(comm, worker, tag, tag, wait_polling));
-    if (!reply.ok) return f.fail(reply.error);
-    if constexpr (std::is_same_v<T, Tensor>) {
-      Tensor t = empty(reply.shape, reply.dtype);
-      if (t.numel() > 0) wait_polling(comm.irecv(t.raw_data(), t.numel(), t.dtype(), worker, tag));
-      f.set(std::move(t));
-    } else {
-      f.set(WordReader(reply.layout_words, "controller").layout(mesh));
-    }
-  };
-  // Kept (even when the caller drops the future) until received: a worker cannot end with its
-  // reply unsent. Entries already received are forgotten as new ones come.
-  std::erase_if(state.unreceived, [](const auto& pending) { return !pending(false); });
-  state.unreceived.push_back([future](bool receive) {
-    if (!future->pull) return false;
-    if (receive) {
-      auto pull = std::move(future->pull);
-      future->pull = nullptr;
-      pull(*future);
-    }
-    return receive ? false : true;
-  });
-}
-
-}  // namespace
 
 TensorHandle::~TensorHandle() {
   // The workers drop the tensor once every op enqueued before has run. After shutdown there is
   // nothing to drop.
   ControllerState* state = current();
   if (!state) return;
-  auto command = std::make_shared<Command>();
-  command->kind = Command::Kind::drop;
-  command->mesh = mesh.id();
-  command->stream = stream;  // after its owner's work (a borrower's drop made the owner wait for it)
-  command->output = id;
-  state->send(mesh.spec().ranks(), std::move(command));
+  // On its owner's stream, after its work (a borrower's drop made the owner wait for it).
+  state->send(mesh.spec().ranks(), Drop{mesh.id(), stream, id});
 }
+
+namespace {
+
+// Where the first worker of `mesh` reports the layout of a result it makes: a request when the
+// transport has workers report as they go, else 0 (they report when asked).
+uint64_t layout_request(ControllerState& state, const std::shared_ptr<FutureState<Layout>>& layout,
+                        const WorkerMesh& mesh) {
+  if (!state.transport->reports_layouts()) return 0;
+  return state.transport->expect(layout, mesh.spec().ranks().front(), mesh.spec());
+}
+
+// Op `op` with typed arguments on `mesh`, its inputs checked already: a new tensor.
+RemoteTensor issue_op(ControllerState& state, const std::string& op, const std::vector<RemoteTensor>& inputs,
+                      OpArgs args, const WorkerMesh& mesh) {
+  RunOp command;
+  command.mesh = mesh.id();
+  command.stream = state.active_stream;
+  command.op = op;
+  for (const RemoteTensor& t : inputs) command.inputs.push_back(t.id());
+  command.args = std::move(args);
+  command.output = state.next_tensor++;
+  auto layout = state.future<Layout>();
+  command.layout_request = layout_request(state, layout, mesh);
+  RemoteTensor result = TensorHandle::make(command.output, mesh, layout, state.active_stream);
+  state.send(mesh.spec().ranks(), std::move(command));
+  return result;
+}
+
+// The row of `op`, with `inputs` input tensors: ValueError naming `call` otherwise.
+const OpRow& row_of(const std::string& op, size_t inputs, const char* call) {
+  const OpRow* row = find_op(op);
+  TESSERA_CHECK(row != nullptr, ValueError, call, "no op '", op, "' in the op table");
+  TESSERA_CHECK(static_cast<size_t>(row->inputs) == inputs, ValueError, call, "'", op, "' takes ", row->inputs,
+                " input tensors; got ", inputs);
+  return *row;
+}
+
+}  // namespace
 
 }  // namespace detail
 
@@ -190,6 +166,22 @@ void check_inputs(const detail::ControllerState& state, const std::string& call,
 
 namespace {
 
+// Runs `body` as the controller of `state`'s workers, then stops them once they ran everything
+// issued. 1 when the body threw or a worker failed.
+int drive(detail::ControllerState& state, const std::function<void()>& body) {
+  detail::running.store(&state);
+  int status = 0;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "controller: %s\n", e.what());
+    status = 1;
+  }
+  // Handles dropped after this send nothing.
+  detail::running.store(nullptr);
+  return state.transport->stop() ? status : 1;
+}
+
 // Under MPI: world rank 0 runs the controller, every other rank a worker.
 int run_mpi(int argc, char** argv, const std::function<void()>& body) {
   int body_status = 0;
@@ -198,28 +190,9 @@ int run_mpi(int argc, char** argv, const std::function<void()>& body) {
     TESSERA_CHECK(world_size() >= 2, ValueError, "controller::run", "under MPI the controller is rank 0 and the "
                   "workers the others: run at least 2 processes, got ", world_size());
     detail::ControllerState state;
-    state.mpi = true;
     state.workers = world_size() - 1;
-    detail::running.store(&state);
-    try {
-      body();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "controller: %s\n", e.what());
-      body_status = 1;
-    }
-    // Receive every reply still owed (a worker cannot end with one unsent), then stop the workers.
-    for (auto& pending : state.unreceived) {
-      try {
-        pending(true);
-      } catch (const std::exception&) {
-        // a reply that failed to arrive: nothing waits for it any more
-      }
-    }
-    auto stop = std::make_shared<detail::Command>();
-    stop->kind = detail::Command::Kind::stop;
-    state.send(state.all_workers(), stop);
-    for (const Work& w : state.outbox) w.wait();
-    detail::running.store(nullptr);
+    state.transport = detail::mpi_transport();
+    body_status = drive(state, body);
   });
   return status != 0 ? status : body_status;
 }
@@ -231,49 +204,10 @@ int run(int argc, char** argv, std::function<void()> body) {
                 "called inside a rank or a running controller; the controller is the program's main thread");
   const char* forced = std::getenv("TESSERA_BACKEND");
   if (mpi::launched_by_mpirun() || (forced && std::string_view(forced) == "mpi")) return run_mpi(argc, argv, body);
-  const int workers = ranks_from_args(argc, argv);
   detail::ControllerState state;
-  state.workers = workers;
-  for (int r = 0; r < workers; ++r) state.ports.push_back(std::make_unique<detail::WorkerPort>());
-  // The workers: one in-process world running its queues until stopped.
-  std::exception_ptr worker_failure;
-  std::thread pool([&] {
-    try {
-      launch(workers, [&] { detail::worker_loop(*state.ports[static_cast<size_t>(rank())], *state.health); });
-    } catch (...) {
-      worker_failure = std::current_exception();
-      try {
-        std::rethrow_exception(worker_failure);
-      } catch (const std::exception& e) {
-        state.health->fail(e.what());
-      } catch (...) {
-        state.health->fail("a non-standard exception");
-      }
-    }
-  });
-  detail::running.store(&state);
-  int status = 0;
-  try {
-    body();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "controller: %s\n", e.what());
-    status = 1;
-  }
-  // Every worker finishes what was queued, then stops; handles dropped after this send nothing.
-  detail::running.store(nullptr);
-  auto stop = std::make_shared<detail::Command>();
-  stop->kind = detail::Command::Kind::stop;
-  for (auto& port : state.ports) port->route(stop);
-  pool.join();
-  if (worker_failure) {
-    try {
-      std::rethrow_exception(worker_failure);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "controller: a worker failed: %s\n", e.what());
-    }
-    status = 1;
-  }
-  return status;
+  state.workers = ranks_from_args(argc, argv);
+  state.transport = detail::in_process_transport(state.workers, state.health);
+  return drive(state, body);
 }
 
 int num_workers() { return detail::require("controller::num_workers").workers; }
@@ -313,15 +247,8 @@ WorkerMesh::WorkerMesh(std::vector<int64_t> shape, std::vector<std::string> name
   const std::vector<int> ranks = state.all_workers();
   spec_ = MeshSpec(Shape(shape), names, ranks);
   id_ = state.next_mesh++;
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::make_mesh;
-  command->mesh = id_;
-  command->mesh_shape = shape;
-  command->mesh_names = names;
-  command->args.ints.assign(ranks.begin(), ranks.end());
-  state.send(spec_.ranks(), std::move(command));  // collective among all workers
-  // Under MPI the controller is a rank of the world too: it takes part in the construction.
-  if (state.mpi) state.meshes.emplace_back(shape, names, ranks);
+  // Collective among all workers.
+  state.send(spec_.ranks(), detail::MakeMesh{id_, shape, names, std::vector<int64_t>(ranks.begin(), ranks.end())});
 }
 
 WorkerMesh WorkerMesh::slice(const std::map<std::string, int64_t>& at) const {
@@ -345,12 +272,7 @@ WorkerMesh WorkerMesh::slice(const std::map<std::string, int64_t>& at) const {
     if (inside) ranks.push_back(r);
   }
   const int64_t id = state.next_mesh++;
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::slice_mesh;
-  command->mesh = id;
-  command->parent = id_;
-  command->at = at;
-  state.send(spec_.ranks(), std::move(command));  // every worker of the parent holds the slice's handle
+  state.send(spec_.ranks(), detail::SliceMesh{id, id_, at});  // every worker of the parent holds the slice's handle
   return WorkerMesh(MeshSpec(Shape(shape), names, ranks), id);
 }
 
@@ -365,17 +287,12 @@ Layout RemoteTensor::layout() const {
   TESSERA_CHECK(handle_ != nullptr, ValueError, "RemoteTensor::layout", "undefined RemoteTensor");
   detail::ControllerState* state = detail::current();
   const auto& future = handle_->layout;
-  if (state && state->mpi && !future->done && !future->pull) {
-    // Workers in other processes report a layout when asked: the mesh's first worker answers.
-    auto command = std::make_shared<detail::Command>();
-    command->kind = detail::Command::Kind::query_layout;
-    command->mesh = handle_->mesh.id();
-    command->stream = handle_->writer;  // after the op that made the layout
-    command->output = handle_->id;
-    command->request = state->next_request++;
+  if (state && !state->transport->reports_layouts() && !future->done && !future->pull) {
+    // The workers report a layout when asked: the mesh's first worker answers, on the stream
+    // that wrote the tensor last (after the op that made the layout).
     const int worker = handle_->mesh.spec().ranks().front();
-    detail::expect_reply(*state, future, worker, command->request, handle_->mesh.spec());
-    state->send({worker}, std::move(command));
+    const uint64_t request = state->transport->expect(future, worker, handle_->mesh.spec());
+    state->send({worker}, detail::QueryLayout{handle_->mesh.id(), handle_->writer, handle_->id, request});
   }
   return Future<Layout>(future).get();
 }
@@ -386,7 +303,8 @@ RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs
                   const std::vector<int64_t>& ints, const WorkerMesh* mesh, const Shape& shape,
                   const Placements& placements, DType dtype) {
   detail::ControllerState& state = detail::require_mesh(op.c_str());
-  TESSERA_CHECK(detail::has_op(op), ValueError, "controller::call", "no op '", op, "' in the op table");
+  const detail::OpRow& row = detail::row_of(op, inputs.size(), "controller::call");
+  detail::OpArgs args = row.parse(detail::CallArgs{scalars, ints, shape, placements, dtype}, op);
   const WorkerMesh* on = mesh;
   if (!on && !inputs.empty()) {
     TESSERA_CHECK(inputs.front().defined(), ValueError, op, "an input is an undefined RemoteTensor");
@@ -394,102 +312,84 @@ RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs
   }
   TESSERA_CHECK(on != nullptr, ShardingError, op, "no mesh: a factory needs one, an op an input");
   check_inputs(state, op, inputs, *on);
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::run_op;
-  command->mesh = on->id();
-  command->op = op;
-  for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
-  command->args = detail::OpArgs{scalars, ints, shape, placements, dtype};
-  command->output = state.next_tensor++;
-  command->layout = state.future<Layout>();
-  RemoteTensor result = detail::TensorHandle::make(command->output, *on, command->layout, state.active_stream);
-  command->stream = state.active_stream;
-  state.send(on->spec().ranks(), std::move(command));
-  return result;
+  return detail::issue_op(state, op, inputs, std::move(args), *on);
 }
 
-std::vector<std::string> op_names() {
-  std::vector<std::string> names = detail::table_op_names();
-  std::sort(names.begin(), names.end());
-  return names;
+std::vector<std::string> op_names() { return detail::op_row_names(); }
+
+namespace {
+
+// An op of a typed function below: its inputs checked as call() checks them, its arguments typed
+// already.
+RemoteTensor typed(const std::string& op, const std::vector<RemoteTensor>& inputs, detail::OpArgs args) {
+  detail::ControllerState& state = detail::require_mesh(op.c_str());
+  for (const RemoteTensor& t : inputs)
+    TESSERA_CHECK(t.defined(), ValueError, op, "an input is an undefined RemoteTensor");
+  check_inputs(state, op, inputs, inputs.front().mesh());
+  return detail::issue_op(state, op, inputs, std::move(args), inputs.front().mesh());
 }
+
+RemoteTensor factory(const std::string& op, const WorkerMesh& mesh, detail::FactoryArgs args) {
+  return detail::issue_op(detail::require_mesh(op.c_str()), op, {}, std::move(args), mesh);
+}
+
+}  // namespace
 
 RemoteTensor zeros(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype) {
-  return call("zeros", {}, {}, {}, &mesh, shape, placements, dtype);
+  return factory("zeros", mesh, {shape, std::move(placements), dtype});
 }
 RemoteTensor ones(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype) {
-  return call("ones", {}, {}, {}, &mesh, shape, placements, dtype);
+  return factory("ones", mesh, {shape, std::move(placements), dtype});
 }
 RemoteTensor full(const Shape& shape, double value, const WorkerMesh& mesh, Placements placements, DType dtype) {
-  return call("full", {}, {value}, {}, &mesh, shape, placements, dtype);
+  return factory("full", mesh, {shape, std::move(placements), dtype, value});
 }
 RemoteTensor randn(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype) {
-  return call("randn", {}, {}, {}, &mesh, shape, placements, dtype);
+  return factory("randn", mesh, {shape, std::move(placements), dtype});
 }
 RemoteTensor rand(const Shape& shape, const WorkerMesh& mesh, Placements placements, DType dtype) {
-  return call("rand", {}, {}, {}, &mesh, shape, placements, dtype);
+  return factory("rand", mesh, {shape, std::move(placements), dtype});
 }
 
 void manual_seed(uint64_t seed, const WorkerMesh& mesh) {
   detail::ControllerState& state = detail::require_mesh("controller::manual_seed");
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::seed;
-  command->mesh = mesh.id();
-  command->stream = state.active_stream;  // each stream draws from its own generator
-  command->args.ints = {static_cast<int64_t>(seed)};
-  state.send(mesh.spec().ranks(), std::move(command));
+  // Each stream draws from its own generator.
+  state.send(mesh.spec().ranks(), detail::Seed{mesh.id(), state.active_stream, seed});
 }
 
-RemoteTensor add(const RemoteTensor& a, const RemoteTensor& b) { return call("add", {a, b}); }
-RemoteTensor sub(const RemoteTensor& a, const RemoteTensor& b) { return call("sub", {a, b}); }
-RemoteTensor mul(const RemoteTensor& a, const RemoteTensor& b) { return call("mul", {a, b}); }
-RemoteTensor div(const RemoteTensor& a, const RemoteTensor& b) { return call("div", {a, b}); }
-RemoteTensor matmul(const RemoteTensor& a, const RemoteTensor& b) { return call("matmul", {a, b}); }
-RemoteTensor scale(const RemoteTensor& a, double factor) { return call("mul_scalar", {a}, {factor}); }
-RemoteTensor neg(const RemoteTensor& a) { return call("neg", {a}); }
-RemoteTensor exp(const RemoteTensor& a) { return call("exp", {a}); }
-RemoteTensor tanh(const RemoteTensor& a) { return call("tanh", {a}); }
-RemoteTensor relu(const RemoteTensor& a) { return call("relu", {a}); }
-RemoteTensor gelu(const RemoteTensor& a) { return call("gelu", {a}); }
-RemoteTensor softmax(const RemoteTensor& a, int64_t dim) { return call("softmax", {a}, {}, {dim}); }
+RemoteTensor add(const RemoteTensor& a, const RemoteTensor& b) { return typed("add", {a, b}, detail::NoArgs{}); }
+RemoteTensor sub(const RemoteTensor& a, const RemoteTensor& b) { return typed("sub", {a, b}, detail::NoArgs{}); }
+RemoteTensor mul(const RemoteTensor& a, const RemoteTensor& b) { return typed("mul", {a, b}, detail::NoArgs{}); }
+RemoteTensor div(const RemoteTensor& a, const RemoteTensor& b) { return typed("div", {a, b}, detail::NoArgs{}); }
+RemoteTensor matmul(const RemoteTensor& a, const RemoteTensor& b) { return typed("matmul", {a, b}, detail::NoArgs{}); }
+RemoteTensor scale(const RemoteTensor& a, double factor) {
+  return typed("mul_scalar", {a}, detail::ScalarArgs{factor});
+}
+RemoteTensor neg(const RemoteTensor& a) { return typed("neg", {a}, detail::NoArgs{}); }
+RemoteTensor exp(const RemoteTensor& a) { return typed("exp", {a}, detail::NoArgs{}); }
+RemoteTensor tanh(const RemoteTensor& a) { return typed("tanh", {a}, detail::NoArgs{}); }
+RemoteTensor relu(const RemoteTensor& a) { return typed("relu", {a}, detail::NoArgs{}); }
+RemoteTensor gelu(const RemoteTensor& a) { return typed("gelu", {a}, detail::NoArgs{}); }
+RemoteTensor softmax(const RemoteTensor& a, int64_t dim) { return typed("softmax", {a}, detail::DimArgs{{dim}}); }
 RemoteTensor sum(const RemoteTensor& a, const std::vector<int64_t>& dims, bool keepdim) {
-  std::vector<int64_t> ints{keepdim ? 1 : 0};
-  ints.insert(ints.end(), dims.begin(), dims.end());
-  return call("sum", {a}, {}, ints);
+  return typed("sum", {a}, detail::ReduceArgs{dims, keepdim});
 }
 RemoteTensor mean(const RemoteTensor& a, const std::vector<int64_t>& dims, bool keepdim) {
-  std::vector<int64_t> ints{keepdim ? 1 : 0};
-  ints.insert(ints.end(), dims.begin(), dims.end());
-  return call("mean", {a}, {}, ints);
+  return typed("mean", {a}, detail::ReduceArgs{dims, keepdim});
 }
-RemoteTensor transpose(const RemoteTensor& a, int64_t dim0, int64_t dim1) { return call("transpose", {a}, {}, {dim0, dim1}); }
-RemoteTensor reshape(const RemoteTensor& a, const Shape& shape) { return call("reshape", {a}, {}, {}, nullptr, shape); }
+RemoteTensor transpose(const RemoteTensor& a, int64_t dim0, int64_t dim1) {
+  return typed("transpose", {a}, detail::DimArgs{{dim0, dim1}});
+}
+RemoteTensor reshape(const RemoteTensor& a, const Shape& shape) {
+  return typed("reshape", {a}, detail::ShapeArgs{shape});
+}
 RemoteTensor redistribute(const RemoteTensor& a, const Placements& placements) {
-  return call("redistribute", {a}, {}, {}, nullptr, {}, placements);
+  return typed("redistribute", {a}, detail::PlacementArgs{placements});
 }
-
-namespace detail {
-
-namespace {
-std::mutex remote_mutex;
-std::map<std::string, RemoteFn>& remotes() {
-  static std::map<std::string, RemoteFn> table;
-  return table;
-}
-}  // namespace
-
-const RemoteFn* find_remote(const std::string& name) {
-  std::lock_guard<std::mutex> lock(remote_mutex);
-  const auto it = remotes().find(name);
-  return it == remotes().end() ? nullptr : &it->second;
-}
-
-}  // namespace detail
 
 void register_remote(const std::string& name, RemoteFunction fn) {
   TESSERA_CHECK(!name.empty() && fn, ValueError, "register_remote", "needs a name and a function");
-  std::lock_guard<std::mutex> lock(detail::remote_mutex);
-  TESSERA_CHECK(detail::remotes().emplace(name, std::move(fn)).second, ValueError, "register_remote", "'", name,
+  TESSERA_CHECK(detail::add_remote(name, std::move(fn)), ValueError, "register_remote", "'", name,
                 "' is registered already");
 }
 
@@ -510,18 +410,18 @@ std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh&
                   "; an input lives on ", describe(t.mesh()));
     check_read(state, t, "call_remote");
   }
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::run_op;
-  command->remote = true;
-  command->mesh = mesh.id();
-  command->op = name;
-  command->stream = state.active_stream;
-  for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
+  detail::CallRemote command;
+  command.mesh = mesh.id();
+  command.stream = state.active_stream;
+  command.function = name;
+  for (const RemoteTensor& t : inputs) command.inputs.push_back(t.id());
   std::vector<RemoteTensor> results;
   for (int64_t i = 0; i < outputs; ++i) {
-    command->outputs.push_back(state.next_tensor++);
-    command->layouts.push_back(state.future<Layout>());
-    results.push_back(detail::TensorHandle::make(command->outputs.back(), mesh, command->layouts.back(), state.active_stream));
+    command.outputs.push_back(state.next_tensor++);
+    auto layout = state.future<Layout>();
+    if (const uint64_t request = detail::layout_request(state, layout, mesh))
+      command.layout_requests.push_back(request);
+    results.push_back(detail::TensorHandle::make(command.outputs.back(), mesh, layout, state.active_stream));
   }
   state.send(mesh.spec().ranks(), std::move(command));
   return results;
@@ -532,10 +432,7 @@ Stream::Stream(std::string name) : name_(std::move(name)), id_(0) {
   id_ = static_cast<int64_t>(state.streams.size());
   state.streams.push_back(name_);
   // Every worker starts the stream's thread, with its own copy of every mesh.
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::make_stream;
-  command->stream = id_;
-  state.send(state.all_workers(), std::move(command));
+  state.send(state.all_workers(), detail::MakeStream{id_});
 }
 
 Stream Stream::main() {
@@ -593,44 +490,53 @@ void Borrow::drop() {
     state->order(tensor_.mesh().spec().ranks(), stream_, detail::HandleAccess::of(tensor_).stream);
 }
 
-void call_inplace(const std::string& op, const RemoteTensor& target, const std::vector<RemoteTensor>& inputs,
-                  const std::vector<double>& scalars, const std::vector<int64_t>& ints) {
-  detail::ControllerState& state = detail::require_mesh(op.c_str());
-  TESSERA_CHECK(detail::has_op(op), ValueError, "controller::call_inplace", "no op '", op, "' in the op table");
+namespace {
+
+// Op `op` with typed arguments writing `target`: target = op(target, inputs...).
+void issue_inplace(detail::ControllerState& state, const std::string& op, const RemoteTensor& target,
+                   const std::vector<RemoteTensor>& inputs, detail::OpArgs args) {
   TESSERA_CHECK(target.defined(), ValueError, op, "the target is an undefined RemoteTensor");
   check_inputs(state, op, inputs, target.mesh());
   check_write(state, target, op);
+  detail::RunOp command;
+  command.mesh = target.mesh().id();
+  command.stream = state.active_stream;
+  command.op = op;
+  command.inputs.push_back(target.id());
+  for (const RemoteTensor& t : inputs) command.inputs.push_back(t.id());
+  command.args = std::move(args);
+  command.output = target.id();  // the result replaces the target's value
   detail::TensorHandle& h = detail::HandleAccess::of(target);
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::run_op;
-  command->mesh = target.mesh().id();
-  command->stream = state.active_stream;
-  command->op = op;
-  command->inputs.push_back(target.id());
-  for (const RemoteTensor& t : inputs) command->inputs.push_back(t.id());
-  command->args = detail::OpArgs{scalars, ints, {}, {}, DType::f32};
-  command->output = target.id();  // the result replaces the target's value
-  command->layout = state.future<Layout>();
-  h.layout = command->layout;
+  h.layout = state.future<Layout>();
   h.writer = state.active_stream;
+  command.layout_request = detail::layout_request(state, h.layout, target.mesh());
   state.send(target.mesh().spec().ranks(), std::move(command));
 }
 
-void add_(const RemoteTensor& target, const RemoteTensor& other) { call_inplace("add", target, {other}); }
-void mul_(const RemoteTensor& target, const RemoteTensor& other) { call_inplace("mul", target, {other}); }
-
-namespace {
-
-// [op, scatter, mesh dims...]: mesh_reduce's integer arguments.
-std::vector<int64_t> reduce_args(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter,
-                                 const char* call) {
+// A mesh reduce's arguments: the mesh dims of `axes` on t's mesh.
+detail::MeshReduceArgs mesh_reduce_args(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op,
+                                        bool scatter, const char* call) {
   TESSERA_CHECK(!axes.empty(), ShardingError, call, "no mesh axes to reduce over");
-  std::vector<int64_t> ints{static_cast<int64_t>(op), scatter ? 1 : 0};
-  for (const std::string& axis : axes) ints.push_back(t.mesh().spec().dim_of(axis, call));
-  return ints;
+  detail::MeshReduceArgs args{op, scatter, {}};
+  for (const std::string& axis : axes) args.mesh_dims.push_back(t.mesh().spec().dim_of(axis, call));
+  return args;
 }
 
 }  // namespace
+
+void call_inplace(const std::string& op, const RemoteTensor& target, const std::vector<RemoteTensor>& inputs,
+                  const std::vector<double>& scalars, const std::vector<int64_t>& ints) {
+  detail::ControllerState& state = detail::require_mesh(op.c_str());
+  const detail::OpRow& row = detail::row_of(op, inputs.size() + 1, "controller::call_inplace");
+  issue_inplace(state, op, target, inputs, row.parse(detail::CallArgs{scalars, ints, {}, {}, DType::f32}, op));
+}
+
+void add_(const RemoteTensor& target, const RemoteTensor& other) {
+  issue_inplace(detail::require_mesh("add"), "add", target, {other}, detail::NoArgs{});
+}
+void mul_(const RemoteTensor& target, const RemoteTensor& other) {
+  issue_inplace(detail::require_mesh("mul"), "mul", target, {other}, detail::NoArgs{});
+}
 
 NoMesh::NoMesh() { ++detail::require("NoMesh").no_mesh; }
 
@@ -642,7 +548,7 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
                     const WorkerMesh* onto, const RemoteTensor* out) {
   detail::ControllerState& state = detail::require_mesh("reduce");
   TESSERA_CHECK(t.defined(), ValueError, "reduce", "undefined RemoteTensor");
-  const std::vector<int64_t> ints = reduce_args(t, axes, op, scatter, "reduce");
+  detail::MeshReduceArgs args = mesh_reduce_args(t, axes, op, scatter, "reduce");
   check_read(state, t, "reduce");
   const MeshSpec& from = t.mesh().spec();
   if (onto) {
@@ -662,21 +568,20 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
                   "; the result lives on ", describe(result_mesh));
     check_write(state, *out, "reduce");
   }
-  auto command = std::make_shared<detail::Command>();
-  command->kind = detail::Command::Kind::run_op;
-  command->mesh = t.mesh().id();
-  command->stream = state.active_stream;
-  command->op = "mesh_reduce";
-  command->inputs = {t.id()};
-  command->args.ints = ints;
-  command->target = onto ? onto->id() : -1;
-  command->output = out ? out->id() : state.next_tensor++;
-  command->layout = state.future<Layout>();
-  RemoteTensor result = out ? *out
-                            : detail::TensorHandle::make(command->output, result_mesh, command->layout,
-                                                         state.active_stream);
+  detail::RunOp command;
+  command.mesh = t.mesh().id();
+  command.stream = state.active_stream;
+  command.op = "mesh_reduce";
+  command.inputs = {t.id()};
+  command.args = std::move(args);
+  command.onto = onto ? onto->id() : -1;
+  command.output = out ? out->id() : state.next_tensor++;
+  auto layout = state.future<Layout>();
+  command.layout_request = detail::layout_request(state, layout, result_mesh);
+  RemoteTensor result =
+      out ? *out : detail::TensorHandle::make(command.output, result_mesh, layout, state.active_stream);
   if (out) {
-    detail::HandleAccess::of(*out).layout = command->layout;
+    detail::HandleAccess::of(*out).layout = layout;
     detail::HandleAccess::of(*out).writer = state.active_stream;
   }
   state.send(from.ranks(), std::move(command));
@@ -684,29 +589,21 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
 }
 
 void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter) {
+  detail::ControllerState& state = detail::require_mesh("reduce_");
   TESSERA_CHECK(t.defined(), ValueError, "reduce_", "undefined RemoteTensor");
-  call_inplace("mesh_reduce", t, {}, {}, reduce_args(t, axes, op, scatter, "reduce_"));
+  issue_inplace(state, "mesh_reduce", t, {}, mesh_reduce_args(t, axes, op, scatter, "reduce_"));
 }
 
 namespace {
 
-// A fetch of t: sent to `to`, answered by world rank `replier`.
-Future<Tensor> fetch(detail::ControllerState& state, detail::Command::Kind kind, const RemoteTensor& t,
-                     const std::vector<int>& to, int replier) {
-  check_read(state, t, kind == detail::Command::Kind::fetch_shard ? "fetch_shard" : "fetch_full");
-  auto command = std::make_shared<detail::Command>();
-  command->kind = kind;
-  command->mesh = t.mesh().id();
-  command->stream = state.active_stream;
-  command->output = t.id();
-  command->reply = state.future<Tensor>();
-  if (state.mpi) {
-    command->request = state.next_request++;
-    detail::expect_reply(state, command->reply, replier, command->request, t.mesh().spec());
-  }
-  Future<Tensor> future(command->reply);
-  state.send(to, std::move(command));
-  return future;
+// A fetch of t (a block, or `whole`): sent to `to`, answered by world rank `replier`.
+Future<Tensor> fetch(detail::ControllerState& state, bool whole, const RemoteTensor& t, const std::vector<int>& to,
+                     int replier) {
+  check_read(state, t, whole ? "fetch_full" : "fetch_shard");
+  auto reply = state.future<Tensor>();
+  const uint64_t request = state.transport->expect(reply, replier, t.mesh().spec());
+  state.send(to, detail::Fetch{t.mesh().id(), state.active_stream, t.id(), whole, request});
+  return Future<Tensor>(reply);
 }
 
 }  // namespace
@@ -721,14 +618,14 @@ Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& co
     TESSERA_CHECK(coordinate[d] >= 0 && coordinate[d] < spec.size(static_cast<int64_t>(d)), ShardingError,
                   "fetch_shard", "coordinate ", Shape(coordinate).to_string(), " is outside ", describe(t.mesh()));
   const int worker = spec.rank_at(coordinate);
-  return fetch(state, detail::Command::Kind::fetch_shard, t, {worker}, worker);
+  return fetch(state, false, t, {worker}, worker);
 }
 
 Future<Tensor> fetch_full(const RemoteTensor& t) {
   detail::ControllerState& state = detail::require("fetch_full");
   TESSERA_CHECK(t.defined(), ValueError, "fetch_full", "undefined RemoteTensor");
   const std::vector<int>& workers = t.mesh().spec().ranks();
-  return fetch(state, detail::Command::Kind::fetch_full, t, workers, workers.front());  // collective over the mesh
+  return fetch(state, true, t, workers, workers.front());  // collective over the mesh
 }
 
 }  // namespace tessera::controller

@@ -187,11 +187,13 @@ class Borrow {
   bool dropped_ = false;
 };
 
-/// Any op of the op table by name (the typed functions below call it): inputs on one mesh,
-/// scalar and integer arguments as the op takes them; factories take `mesh`, `shape`,
-/// `placements` and `dtype`. The op runs on every worker of the mesh, after everything enqueued
-/// there before. Throws ValueError for an unknown op, ShardingError for inputs on two meshes
-/// (naming both) or on none.
+/// Any op of the op table by name: inputs on one mesh, scalar and integer arguments as the op
+/// takes them (a binary op's `_scalar` form: one scalar; softmax: one dim; transpose: two;
+/// reductions: [keepdim, dims...], none for all dims; mesh_reduce: [reduce op, scatter, mesh
+/// dims...]); factories take `mesh`, `shape`, `placements` and `dtype`. The op runs on every
+/// worker of the mesh, after everything enqueued there before. Throws ValueError for an unknown
+/// op or for inputs or arguments the op does not take (naming what it takes), ShardingError for
+/// inputs on two meshes (naming both) or on none.
 RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs, const std::vector<double>& scalars = {},
                   const std::vector<int64_t>& ints = {}, const WorkerMesh* mesh = nullptr, const Shape& shape = {},
                   const Placements& placements = {}, DType dtype = DType::f32);

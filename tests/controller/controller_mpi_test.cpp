@@ -18,6 +18,7 @@
 #include <tessera/sharding/layout.hpp>
 
 #include "failure_checks.hpp"
+#include "op_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
 
@@ -63,6 +64,9 @@ TEST(ControllerMpi, WorkersAsProcesses) {
     // Mesh reduce of each worker's block: the sum over the workers.
     const auto ones = controller::ones({3}, mesh, {Replicate{}});
     EXPECT_TRUE(allclose(controller::fetch_full(controller::reduce(ones, {"x"})).get(), full({3}, workers), 0, 0));
+    // The op table by name with typed arguments, and call()'s arguments checked at the call.
+    op_checks::check_generated_ops(mesh);
+    op_checks::check_call_arguments(mesh);
     // A fetch never waited for is received at shutdown (the workers end cleanly).
     (void)controller::fetch_shard(y, {workers - 1});
     if (workers % 2 == 0) {

@@ -4,6 +4,7 @@
 // are errors at the call; shutdown drains pending work.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,6 +22,7 @@
 #include <tessera/sharding/layout.hpp>
 
 #include "failure_checks.hpp"
+#include "op_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
 
@@ -413,4 +415,24 @@ TEST(Controller, TwoMeshesInFlightAtOnce) {
               EXPECT_TRUE(same(controller::fetch_full(opened_by).get(), full({4, 2}, 2.0)));
             }),
             0);
+}
+
+// The op table by name: every reduction of the op table's family with typed arguments, and
+// call()'s arguments checked at the call, on a 2-d mesh.
+TEST(Controller, OpTableByNameWithTypedArguments) {
+  const int status = run_controller(4, [&] {
+    const controller::WorkerMesh mesh({2, 2}, {"dp", "tp"});
+    op_checks::check_generated_ops(mesh);
+    op_checks::check_call_arguments(mesh);
+    // Every op of the generated families is callable by name.
+    const std::vector<std::string> names = controller::op_names();
+    const auto has = [&](const char* name) { return std::find(names.begin(), names.end(), name) != names.end(); };
+#define TESSERA_TEST_LISTED(name, ...) EXPECT_TRUE(has(#name)) << #name;
+    TESSERA_UNARY_OPS(TESSERA_TEST_LISTED)
+    TESSERA_BINARY_OPS(TESSERA_TEST_LISTED)
+    TESSERA_COMPARISON_OPS(TESSERA_TEST_LISTED)
+    TESSERA_REDUCTION_OPS(TESSERA_TEST_LISTED)
+#undef TESSERA_TEST_LISTED
+  });
+  EXPECT_EQ(status, 0);
 }

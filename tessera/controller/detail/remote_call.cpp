@@ -27,6 +27,7 @@
 #include <thread>
 
 #include <tessera/comm/communicator.hpp>
+#include <tessera/controller/detail/op_rows.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
 
@@ -144,7 +145,7 @@ bool calls_pair_up(const DeviceMesh& agreement, const CallsByRanks& calls) {
 
 // The agreement after a remote call on `copies` (see the top of the file). Returns the error of
 // this worker's results: its own, the first failing worker's, or "" when the call failed nowhere.
-std::string agree(const Command& c, const StreamMesh& copies, const std::string& own_error, bool comm_failed,
+std::string agree(const CallRemote& c, const StreamMesh& copies, const std::string& own_error, bool comm_failed,
                   const CallsByRanks& calls) {
   const DeviceMesh& mesh = copies.working;
   const bool failed = !own_error.empty();
@@ -186,7 +187,7 @@ std::string agree(const Command& c, const StreamMesh& copies, const std::string&
     // A worker never reached the agreement: nothing is known of the mesh's communicators.
     const std::string error =
         failed ? own_error
-               : worker_error("[remote " + c.op + "] the workers' agreement after the call failed: " + e.what());
+               : worker_error("[remote " + c.function + "] the workers' agreement after the call failed: " + e.what());
     abort_once(error);
     return error;
   }
@@ -201,8 +202,8 @@ std::string on_workers(const MeshSpec& spec) {
 }
 
 // The results' checks: as many as the call expects, each on the call's mesh (as mpmd::task's).
-void check_results(const Command& c, const DeviceMesh& mesh, const std::vector<DTensor>& results) {
-  const std::string call = "remote " + c.op;
+void check_results(const CallRemote& c, const DeviceMesh& mesh, const std::vector<DTensor>& results) {
+  const std::string call = "remote " + c.function;
   TESSERA_CHECK(results.size() == c.outputs.size(), ValueError, call, "returned ", results.size(),
                 " tensors; the call expects ", c.outputs.size());
   for (size_t i = 0; i < results.size(); ++i) {
@@ -217,18 +218,21 @@ void check_results(const Command& c, const DeviceMesh& mesh, const std::vector<D
 
 }  // namespace
 
-void run_remote(const Command& c, WorkerShared& shared, const StreamMeshes& meshes) {
+void run_remote(const CallRemote& c, WorkerShared& shared, const StreamMeshes& meshes) {
   const StreamMesh& copies = meshes.at(c.mesh);
   const DeviceMesh& mesh = copies.working;
   std::vector<DTensor> inputs;
-  std::string error = shared.gather(c, "remote " + c.op, meshes, inputs);
+  std::string error = shared.gather(c.inputs, c.stream, "remote " + c.function, meshes, inputs);
   std::vector<DTensor> results;
   bool comm_failed = false;
   CallsByRanks calls;
   if (error.empty()) {
     CallCounter counter;
     try {
-      results = (*find_remote(c.op))(mesh, inputs);
+      const RemoteFn* function = find_remote(c.function);
+      TESSERA_CHECK(function != nullptr, ValueError, "remote " + c.function, "not registered in this worker's process",
+                    " (register_remote it before controller::run, in every process)");
+      results = (*function)(mesh, inputs);
       check_results(c, mesh, results);
     } catch (const CommError& e) {
       error = worker_error(e.what());
@@ -236,7 +240,7 @@ void run_remote(const Command& c, WorkerShared& shared, const StreamMeshes& mesh
     } catch (const std::exception& e) {
       error = worker_error(e.what());
     } catch (...) {
-      error = worker_error("[remote " + c.op + "] threw a non-standard exception");
+      error = worker_error("[remote " + c.function + "] threw a non-standard exception");
     }
     calls = counter.take();
   }
@@ -244,9 +248,11 @@ void run_remote(const Command& c, WorkerShared& shared, const StreamMeshes& mesh
   const bool reporter = mesh.spec().ranks().front() == rank();
   for (size_t i = 0; i < c.outputs.size(); ++i) {
     shared.store(c.outputs[i], error.empty() ? Value{results[i], {}, c.stream, c.mesh} : Value{{}, error, c.stream, c.mesh});
-    if (!reporter || i >= c.layouts.size()) continue;  // workers in other processes report when asked
-    if (error.empty()) c.layouts[i]->set(results[i].layout());
-    else c.layouts[i]->fail(error);
+    if (!reporter || i >= c.layout_requests.size()) continue;  // workers in other processes report when asked
+    if (error.empty())
+      shared.replies.layout(c.layout_requests[i], results[i].layout());
+    else
+      shared.replies.error(c.layout_requests[i], error);
   }
 }
 

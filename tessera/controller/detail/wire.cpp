@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <bit>
-#include <chrono>
 #include <cstring>
-#include <thread>
+#include <map>
+#include <tuple>
+#include <variant>
 
 #include <tessera/core/error.hpp>
 #include <tessera/sharding/layout_words.hpp>
@@ -13,27 +14,45 @@ namespace tessera::controller::detail {
 
 namespace {
 
+// One overload per field type of the protocol's structs; a struct is its `fields` in order, a
+// variant its alternative's index and then that alternative.
 class Writer {
  public:
   void put(int64_t v) { words_.push_back(v); }
-  void put(double v) { words_.push_back(std::bit_cast<int64_t>(v)); }
+  void put(uint64_t v) { put(static_cast<int64_t>(v)); }
+  void put(bool v) { put(int64_t{v ? 1 : 0}); }
+  void put(double v) { put(std::bit_cast<int64_t>(v)); }
+  void put(DType v) { put(static_cast<int64_t>(v)); }
+  void put(ReduceOp v) { put(static_cast<int64_t>(v)); }
   void put(const std::string& s) {
     put(static_cast<int64_t>(s.size()));
     for (size_t i = 0; i < s.size(); i += 8) {
       int64_t w = 0;
       std::memcpy(&w, s.data() + i, std::min<size_t>(8, s.size() - i));
-      words_.push_back(w);
+      put(w);
     }
   }
-  void put(const std::vector<int64_t>& v) {
-    put(static_cast<int64_t>(v.size()));
-    words_.insert(words_.end(), v.begin(), v.end());
-  }
-  void put(const std::vector<double>& v) {
-    put(static_cast<int64_t>(v.size()));
-    for (double d : v) put(d);
-  }
+  void put(const Shape& shape) { put(std::vector<int64_t>(shape.begin(), shape.end())); }
   void put(const Placements& placements) { append_placement_words(placements, words_); }
+  template <class T>
+  void put(const std::vector<T>& items) {
+    put(static_cast<int64_t>(items.size()));
+    for (const T& item : items) put(item);
+  }
+  template <class K, class V>
+  void put(const std::map<K, V>& items) {
+    put(static_cast<int64_t>(items.size()));
+    for (const auto& [key, value] : items) put(key), put(value);
+  }
+  template <class... Ts>
+  void put(const std::variant<Ts...>& v) {
+    put(static_cast<int64_t>(v.index()));
+    std::visit([&](const auto& alternative) { put_fields(alternative); }, v);
+  }
+  template <class T>
+  void put_fields(const T& s) {
+    std::apply([&](const auto&... field) { (put(field), ...); }, T::fields(s));
+  }
   std::vector<int64_t> take() { return std::move(words_); }
 
  private:
@@ -43,128 +62,107 @@ class Writer {
 class Reader {
  public:
   explicit Reader(const std::vector<int64_t>& words) : words_(words, "controller") {}
-  int64_t integer() { return words_.next(); }
-  double real() { return std::bit_cast<double>(integer()); }
-  std::string text() {
-    const auto n = static_cast<size_t>(integer());
-    std::string s(n, '\0');
-    for (size_t i = 0; i < n; i += 8) {
-      const int64_t w = integer();
-      std::memcpy(s.data() + i, &w, std::min<size_t>(8, n - i));
+  void get(int64_t& v) { v = words_.next(); }
+  void get(uint64_t& v) { v = static_cast<uint64_t>(words_.next()); }
+  void get(bool& v) { v = words_.next() != 0; }
+  void get(double& v) { v = std::bit_cast<double>(words_.next()); }
+  void get(DType& v) { v = static_cast<DType>(enumerator(kNumDTypes, "dtype")); }
+  void get(ReduceOp& v) {
+#define TESSERA_COUNT_REDUCE_OP(name) +1
+    v = static_cast<ReduceOp>(enumerator(0 TESSERA_FORALL_REDUCE_OPS(TESSERA_COUNT_REDUCE_OP), "reduce op"));
+#undef TESSERA_COUNT_REDUCE_OP
+  }
+  void get(std::string& s) {
+    s.assign(count(), '\0');
+    for (size_t i = 0; i < s.size(); i += 8) {
+      const int64_t w = words_.next();
+      std::memcpy(s.data() + i, &w, std::min<size_t>(8, s.size() - i));
     }
-    return s;
   }
-  std::vector<int64_t> integers() {
-    std::vector<int64_t> v(static_cast<size_t>(integer()));
-    for (int64_t& x : v) x = integer();
-    return v;
+  void get(Shape& shape) {
+    std::vector<int64_t> dims;
+    get(dims);
+    shape = Shape(dims);
   }
-  std::vector<double> reals() {
-    std::vector<double> v(static_cast<size_t>(integer()));
-    for (double& x : v) x = real();
-    return v;
+  void get(Placements& placements) { placements = words_.placements(); }
+  template <class T>
+  void get(std::vector<T>& items) {
+    items.assign(count(), T{});
+    for (T& item : items) get(item);
   }
-  Placements placements() { return words_.placements(); }
+  template <class K, class V>
+  void get(std::map<K, V>& items) {
+    items.clear();
+    for (size_t n = count(); n > 0; --n) {
+      K key{};
+      get(key);
+      get(items[key]);
+    }
+  }
+  template <class... Ts>
+  void get(std::variant<Ts...>& v) {
+    const int64_t index = words_.next();
+    TESSERA_CHECK(index >= 0 && index < static_cast<int64_t>(sizeof...(Ts)), CommError, "controller",
+                  "a message names alternative ", index, " of ", sizeof...(Ts), "; the sender speaks another protocol");
+    v = alternative<std::variant<Ts...>>(static_cast<size_t>(index));
+    std::visit([&](auto& chosen) { get_fields(chosen); }, v);
+  }
+  template <class T>
+  void get_fields(T& s) {
+    std::apply([&](auto&... field) { (get(field), ...); }, T::fields(s));
+  }
 
  private:
+  // A count read from the message, checked against the words left so a corrupt count cannot ask
+  // for more memory than the message holds.
+  size_t count() {
+    const int64_t n = words_.next();
+    TESSERA_CHECK(n >= 0 && n <= static_cast<int64_t>(words_.left()) * 8, CommError, "controller",
+                  "a message announces ", n, " items with ", words_.left(), " words left");
+    return static_cast<size_t>(n);
+  }
+  int64_t enumerator(int64_t count, const char* what) {
+    const int64_t v = words_.next();
+    TESSERA_CHECK(v >= 0 && v < count, CommError, "controller", "a message names ", what, " ", v, " of ", count);
+    return v;
+  }
+  // The default-constructed alternative `index` of V.
+  template <class V, size_t I = 0>
+  static V alternative(size_t index) {
+    if constexpr (I + 1 < std::variant_size_v<V>) {
+      if (index != I) return alternative<V, I + 1>(index);
+    }
+    return V(std::in_place_index<I>);
+  }
+
   WordReader words_;
 };
 
 }  // namespace
 
-std::vector<int64_t> encode_command(const Command& c) {
+std::vector<int64_t> encode_command(const Command& command) {
   Writer w;
-  w.put(static_cast<int64_t>(c.kind));
-  w.put(c.mesh), w.put(c.stream), w.put(c.target);
-  w.put(c.mesh_shape);
-  w.put(static_cast<int64_t>(c.mesh_names.size()));
-  for (const std::string& name : c.mesh_names) w.put(name);
-  w.put(c.parent);
-  w.put(static_cast<int64_t>(c.at.size()));
-  for (const auto& [axis, index] : c.at) w.put(axis), w.put(index);
-  w.put(c.op);
-  w.put(int64_t{c.remote ? 1 : 0});
-  w.put(std::vector<int64_t>(c.inputs.begin(), c.inputs.end()));
-  w.put(c.args.scalars), w.put(c.args.ints);
-  w.put(std::vector<int64_t>(c.args.shape.begin(), c.args.shape.end()));
-  w.put(c.args.placements);
-  w.put(static_cast<int64_t>(c.args.dtype));
-  w.put(static_cast<int64_t>(c.output));
-  w.put(std::vector<int64_t>(c.outputs.begin(), c.outputs.end()));
-  w.put(static_cast<int64_t>(c.request));
-  w.put(static_cast<int64_t>(c.event));
+  w.put(command);
   return w.take();
 }
 
 Command decode_command(const std::vector<int64_t>& words) {
   Reader r(words);
-  Command c;
-  c.kind = static_cast<Command::Kind>(r.integer());
-  c.mesh = r.integer(), c.stream = r.integer(), c.target = r.integer();
-  c.mesh_shape = r.integers();
-  c.mesh_names.resize(static_cast<size_t>(r.integer()));
-  for (std::string& name : c.mesh_names) name = r.text();
-  c.parent = r.integer();
-  const int64_t at = r.integer();
-  for (int64_t i = 0; i < at; ++i) {
-    std::string axis = r.text();
-    c.at[axis] = r.integer();
-  }
-  c.op = r.text();
-  c.remote = r.integer() != 0;
-  for (int64_t id : r.integers()) c.inputs.push_back(static_cast<uint64_t>(id));
-  c.args.scalars = r.reals(), c.args.ints = r.integers();
-  c.args.shape = Shape(r.integers());
-  c.args.placements = r.placements();
-  c.args.dtype = static_cast<DType>(r.integer());
-  c.output = static_cast<uint64_t>(r.integer());
-  for (int64_t id : r.integers()) c.outputs.push_back(static_cast<uint64_t>(id));
-  c.request = static_cast<uint64_t>(r.integer());
-  c.event = static_cast<uint64_t>(r.integer());
-  return c;
-}
-
-void wait_polling(const Work& work) {
-  auto pause = std::chrono::microseconds(5);
-  while (!work.is_completed()) {
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
-  }
-  work.wait();  // rethrows a failure
+  Command command;
+  r.get(command);
+  return command;
 }
 
 std::vector<int64_t> encode_reply(const Reply& reply) {
   Writer w;
-  w.put(int64_t{reply.ok ? 1 : 0});
-  if (!reply.ok) {
-    w.put(reply.error);
-    return w.take();
-  }
-  w.put(int64_t{reply.is_tensor ? 0 : 1});
-  if (reply.is_tensor) {
-    w.put(static_cast<int64_t>(reply.dtype));
-    w.put(std::vector<int64_t>(reply.shape.begin(), reply.shape.end()));
-  } else {
-    w.put(reply.layout_words);
-  }
+  w.put_fields(reply);
   return w.take();
 }
 
 Reply decode_reply(const std::vector<int64_t>& words) {
   Reader r(words);
   Reply reply;
-  reply.ok = r.integer() != 0;
-  if (!reply.ok) {
-    reply.error = r.text();
-    return reply;
-  }
-  reply.is_tensor = r.integer() == 0;
-  if (reply.is_tensor) {
-    reply.dtype = static_cast<DType>(r.integer());
-    reply.shape = Shape(r.integers());
-  } else {
-    reply.layout_words = r.integers();
-  }
+  r.get_fields(reply);
   return reply;
 }
 

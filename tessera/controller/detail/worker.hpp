@@ -15,7 +15,10 @@
 
 #include <tessera/comm/work.hpp>
 #include <tessera/controller/detail/command.hpp>
+#include <tessera/controller/detail/futures.hpp>
+#include <tessera/controller/detail/transport.hpp>
 #include <tessera/controller/detail/wire.hpp>
+#include <tessera/controller/detail/worker_port.hpp>
 #include <tessera/dtensor/dtensor.hpp>
 #include <tessera/mesh/device_mesh.hpp>
 
@@ -34,10 +37,11 @@ using StreamMeshes = std::unordered_map<int64_t, StreamMesh>;
 
 /// A worker process's replies to the controller (world rank 0). Streams queue them; the worker's
 /// receiving thread sends them, since it alone uses the world communicator.
-class ReplyOutbox {
+class ReplyOutbox final : public ReplySink {
  public:
-  /// Queues request `request`'s reply (a header, then payload's bytes if any). Any thread.
-  void push(uint64_t request, const Reply& header, const Tensor* payload);
+  void tensor(uint64_t request, const Tensor& t) override;
+  void layout(uint64_t request, const Layout& layout) override;
+  void error(uint64_t request, const std::string& message) override;
   /// Waits for `work` (the next command's arrival), sending queued replies meanwhile.
   void wait_sending(const Work& work);
   /// Sends what is queued and waits until every reply went out.
@@ -49,6 +53,8 @@ class ReplyOutbox {
     std::vector<int64_t> words;
     Tensor payload;
   };
+  /// Queues request `request`'s reply (a header, then payload's bytes if any). Any thread.
+  void push(uint64_t request, const Reply& header, const Tensor* payload);
   void send_queued();  // the receiving thread only
 
   std::mutex mutex_;
@@ -61,13 +67,13 @@ class ReplyOutbox {
 /// or its drop), and where failures and replies go.
 class WorkerShared {
  public:
-  WorkerShared(Health& health, ReplyOutbox* outbox) : health(health), outbox(outbox) {}
+  WorkerShared(Health& health, ReplySink& replies) : health(health), replies(replies) {}
 
   /// Why value `id` cannot be read ("" when it can): dropped, or failed (its error, passed on).
   std::string unreadable(uint64_t id, const std::string& call, const char* what);
-  /// The inputs of `c`, on its stream's meshes; on failure, why (a failed input fails the op alike).
-  std::string gather(const Command& c, const std::string& call, const StreamMeshes& meshes,
-                     std::vector<DTensor>& inputs);
+  /// Values `ids` on stream `stream`'s meshes; on failure, why (a failed input fails the op alike).
+  std::string gather(const std::vector<uint64_t>& ids, int64_t stream, const std::string& call,
+                     const StreamMeshes& meshes, std::vector<DTensor>& inputs);
   /// Value `id` on stream `stream`: one another stream made (a borrow) is rebound to this
   /// stream's copy of its mesh, so its collectives use this stream's communicators.
   DTensor tensor(uint64_t id, int64_t stream, const StreamMeshes& meshes);
@@ -80,7 +86,7 @@ class WorkerShared {
   void wait(uint64_t event, int64_t stream);
 
   Health& health;
-  ReplyOutbox* outbox;  // null for in-process workers, which answer through the futures
+  ReplySink& replies;
 
  private:
   std::mutex values_mutex_;
@@ -90,14 +96,17 @@ class WorkerShared {
   std::unordered_set<uint64_t> signaled_;
 };
 
-/// Runs command `c` of a stream; false for stop.
+/// Runs command `c` of a stream; false for Stop.
 bool execute(const Command& c, WorkerShared& shared, StreamMeshes& meshes);
-/// Runs the remote function of `c` (run_op with remote = true): the user's code, then the
-/// agreement of the mesh's workers on whether it failed anywhere and whether the stream's
-/// communicators of the mesh are still usable (see remote_call.cpp).
-void run_remote(const Command& c, WorkerShared& shared, const StreamMeshes& meshes);
+/// Runs a remote function: the user's code, then the agreement of the mesh's workers on whether
+/// it failed anywhere and whether the stream's communicators of the mesh are still usable (see
+/// remote_call.cpp).
+void run_remote(const CallRemote& c, WorkerShared& shared, const StreamMeshes& meshes);
 /// Answers `c` (a fetch or a query) with an error, when it wants an answer.
 void reply_error(WorkerShared& shared, const Command& c, const std::string& error);
+/// Runs commands on this worker (a rank of the workers' world) until Stop, answering through
+/// `replies`. A failure outside an op goes to `health` (the worker keeps serving).
+void worker_loop(WorkerPort& port, Health& health, ReplySink& replies);
 /// "worker rank R: what".
 std::string worker_error(const std::string& what);
 

@@ -15,8 +15,30 @@
 #include <tessera/comm/word_messages.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/layout_words.hpp>
 
 namespace tessera::controller::detail {
+
+void ReplyOutbox::tensor(uint64_t request, const Tensor& t) {
+  Reply header;
+  header.dtype = t.dtype();
+  header.shape = t.shape();
+  push(request, header, &t);
+}
+
+void ReplyOutbox::layout(uint64_t request, const Layout& layout) {
+  Reply header;
+  header.is_tensor = false;
+  header.layout_words = layout_words(layout);
+  push(request, header, nullptr);
+}
+
+void ReplyOutbox::error(uint64_t request, const std::string& message) {
+  Reply header;
+  header.ok = false;
+  header.error = message;
+  push(request, header, nullptr);
+}
 
 void ReplyOutbox::push(uint64_t request, const Reply& header, const Tensor* payload) {
   {
@@ -95,39 +117,35 @@ std::shared_ptr<CommandQueue> WorkerPort::stream(int64_t id) {
 
 bool WorkerPort::route(std::shared_ptr<const Command> command) {
   std::lock_guard<std::mutex> lock(mutex_);
-  switch (command->kind) {
-    case Command::Kind::make_mesh:
-    case Command::Kind::slice_mesh: {
-      // The worker's thread builds a mesh (collective) and hands each stream a copy; a slice
-      // each stream cuts from its own copy.
-      const bool built_here = command->kind == Command::Kind::make_mesh;
-      if (built_here) control.push(command);
-      meshes_.push_back(command);
-      for (auto& [id, queue] : streams_) queue->push(command);
-      return built_here;
-    }
-    case Command::Kind::make_stream: {
-      auto queue = std::make_shared<CommandQueue>();
-      for (const auto& mesh : meshes_) queue->push(mesh);
-      streams_.insert_or_assign(command->stream, std::move(queue));
-      control.push(std::move(command));
-      return true;
-    }
-    case Command::Kind::stop:
-      for (auto& [id, queue] : streams_) queue->push(command);
-      control.push(std::move(command));
-      return true;
-    default: {
-      const auto it = streams_.find(command->stream);
-      // Unknown streams cannot come from the controller; the worker's thread answers them.
-      if (it == streams_.end()) {
-        control.push(std::move(command));
-        return true;
-      }
-      it->second->push(std::move(command));
-      return false;
-    }
+  if (std::holds_alternative<MakeMesh>(*command) || std::holds_alternative<SliceMesh>(*command)) {
+    // The worker's thread builds a mesh (collective) and hands each stream a copy; a slice each
+    // stream cuts from its own copy.
+    const bool built_here = std::holds_alternative<MakeMesh>(*command);
+    if (built_here) control.push(command);
+    meshes_.push_back(command);
+    for (auto& [id, queue] : streams_) queue->push(command);
+    return built_here;
   }
+  if (const auto* made = std::get_if<MakeStream>(command.get())) {
+    auto queue = std::make_shared<CommandQueue>();
+    for (const auto& mesh : meshes_) queue->push(mesh);
+    streams_.insert_or_assign(made->stream, std::move(queue));
+    control.push(std::move(command));
+    return true;
+  }
+  if (std::holds_alternative<Stop>(*command)) {
+    for (auto& [id, queue] : streams_) queue->push(command);
+    control.push(std::move(command));
+    return true;
+  }
+  const auto it = streams_.find(stream_of(*command));
+  // Unknown streams cannot come from the controller; the worker's thread answers them.
+  if (it == streams_.end()) {
+    control.push(std::move(command));
+    return true;
+  }
+  it->second->push(std::move(command));
+  return false;
 }
 
 namespace {
@@ -155,8 +173,8 @@ class StreamThread {
       const std::shared_ptr<const Command> command = queue_->pop();
       const Command& c = *command;
       try {
-        if (c.kind == Command::Kind::make_mesh) {
-          meshes.insert_or_assign(c.mesh, handoff.take(id, c.mesh, shared.health));
+        if (const auto* made = std::get_if<MakeMesh>(&c)) {
+          meshes.insert_or_assign(made->mesh, handoff.take(id, made->mesh, shared.health));
           continue;
         }
         if (!execute(c, shared, meshes)) return;
@@ -182,25 +200,25 @@ class Dispatcher {
 
   // Runs one command of `control`; false after stop (every stream finished what it had).
   bool run(const Command& c) {
-    switch (c.kind) {
-      case Command::Kind::make_mesh: {
-        const DeviceMesh& built =
-            built_.insert_or_assign(c.mesh, DeviceMesh(c.mesh_shape, c.mesh_names,
-                                                        std::vector<int>(c.args.ints.begin(), c.args.ints.end())))
-                .first->second;
-        for (auto& [id, stream] : streams_) port_.handoff.put(id, c.mesh, copies_of(built));
-        return true;
-      }
-      case Command::Kind::make_stream:
-        start_stream(c.stream);
-        return true;
-      case Command::Kind::stop:
-        for (auto& [id, stream] : streams_) stream->join();
-        return false;
-      default:
-        reply_error(shared_, c, worker_error("[controller] no stream " + std::to_string(c.stream)));
-        return true;
+    if (const auto* made = std::get_if<MakeMesh>(&c)) {
+      const DeviceMesh& built =
+          built_
+              .insert_or_assign(made->mesh, DeviceMesh(made->shape, made->names,
+                                                       std::vector<int>(made->ranks.begin(), made->ranks.end())))
+              .first->second;
+      for (auto& [id, stream] : streams_) port_.handoff.put(id, made->mesh, copies_of(built));
+      return true;
     }
+    if (const auto* made = std::get_if<MakeStream>(&c)) {
+      start_stream(made->stream);
+      return true;
+    }
+    if (std::holds_alternative<Stop>(c)) {
+      for (auto& [id, stream] : streams_) stream->join();
+      return false;
+    }
+    reply_error(shared_, c, worker_error("[controller] no stream " + std::to_string(stream_of(c))));
+    return true;
   }
 
  private:
@@ -223,8 +241,8 @@ class Dispatcher {
 
 }  // namespace
 
-void worker_loop(WorkerPort& port, Health& health) {
-  WorkerShared shared(health, nullptr);
+void worker_loop(WorkerPort& port, Health& health, ReplySink& replies) {
+  WorkerShared shared(health, replies);
   Dispatcher dispatcher(shared, port);
   for (;;) {
     const std::shared_ptr<const Command> command = port.control.pop();
@@ -240,7 +258,7 @@ void worker_loop(WorkerPort& port, Health& health) {
 void mpi_worker_loop() {
   Health health;  // a failure outside an op: the streams stop waiting on this thread
   ReplyOutbox outbox;
-  WorkerShared shared(health, &outbox);
+  WorkerShared shared(health, outbox);
   WorkerPort port;  // fed by this thread, from the controller's messages
   Dispatcher dispatcher(shared, port);
   Communicator& comm = world();

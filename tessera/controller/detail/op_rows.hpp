@@ -1,0 +1,47 @@
+#pragma once
+// What a worker runs by name: the controller's op table and the registry of remote functions.
+// The controller looks a row up to check a call's arguments and turn them into the op's typed
+// arguments (command.hpp); the worker runs the row on DTensor. Rows are generated from the op
+// table's families (ops/op_table.hpp) whose ops share an argument form; op_rows.cpp lists the
+// others, one row each.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <tessera/controller/detail/command.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/mesh/device_mesh.hpp>
+
+namespace tessera::controller::detail {
+
+/// controller::call's untyped arguments.
+struct CallArgs {
+  std::vector<double> scalars;
+  std::vector<int64_t> ints;
+  Shape shape;
+  Placements placements;
+  DType dtype = DType::f32;
+};
+
+struct OpRow {
+  /// How many input tensors the op takes.
+  int inputs = 0;
+  /// The op's typed arguments from call()'s; throws ValueError naming `op` when they do not fit.
+  OpArgs (*parse)(const CallArgs& args, const std::string& op) = nullptr;
+  /// Runs the op on a worker.
+  DTensor (*run)(const std::vector<DTensor>& inputs, const OpArgs& args, const DeviceMesh& mesh) = nullptr;
+};
+
+/// The row of op `name`, or null.
+const OpRow* find_op(const std::string& name);
+/// Every op's name, sorted.
+std::vector<std::string> op_row_names();
+
+/// The remote functions registered by name (every worker of this process sees them).
+using RemoteFn = std::function<std::vector<DTensor>(const DeviceMesh&, const std::vector<DTensor>&)>;
+const RemoteFn* find_remote(const std::string& name);
+/// Registers `fn` as `name`; false when the name is taken.
+bool add_remote(const std::string& name, RemoteFn fn);
+
+}  // namespace tessera::controller::detail
