@@ -57,7 +57,7 @@ TensorHandle::~TensorHandle() {
   // The workers drop the tensor once every op enqueued before has run. After shutdown there is
   // nothing to drop.
   ControllerState* state = current();
-  if (!state) return;
+  if (!state || dropped) return;
   // On its owner's stream, after its work (a borrower's drop made the owner wait for it).
   state->send(mesh.spec().ranks(), Drop{mesh.id(), stream, id});
 }
@@ -116,9 +116,16 @@ std::string stream_name(const detail::ControllerState& state, int64_t id) {
   return "'" + state.streams[static_cast<size_t>(id)] + "'";
 }
 
+// A tensor dropped by RemoteTensor::drop is used no more.
+void check_not_dropped(const RemoteTensor& t, const std::string& call) {
+  TESSERA_CHECK(!detail::HandleAccess::of(t).dropped, ValueError, call, "tensor ", t.id(),
+                " was dropped (RemoteTensor::drop); the workers freed it");
+}
+
 // The stream rules for reading t on the active stream: its own stream unless a mutable borrow
 // has it; another stream only through a borrow.
 void check_read(const detail::ControllerState& state, const RemoteTensor& t, const std::string& call) {
+  check_not_dropped(t, call);
   const detail::TensorHandle& h = detail::HandleAccess::of(t);
   const int64_t s = state.active_stream;
   if (h.stream == s) {
@@ -135,6 +142,7 @@ void check_read(const detail::ControllerState& state, const RemoteTensor& t, con
 
 // Writing t on the active stream: its own stream with nothing lent out, or a mutable borrower.
 void check_write(const detail::ControllerState& state, const RemoteTensor& t, const std::string& call) {
+  check_not_dropped(t, call);
   const detail::TensorHandle& h = detail::HandleAccess::of(t);
   const int64_t s = state.active_stream;
   if (h.stream == s) {
@@ -283,8 +291,23 @@ const WorkerMesh& RemoteTensor::mesh() const {
 
 uint64_t RemoteTensor::id() const { return handle_ ? handle_->id : 0; }
 
+void RemoteTensor::drop() const {
+  detail::ControllerState& state = detail::require("RemoteTensor::drop");
+  TESSERA_CHECK(handle_ != nullptr, ValueError, "RemoteTensor::drop", "undefined RemoteTensor");
+  TESSERA_CHECK(!handle_->dropped, ValueError, "RemoteTensor::drop", "tensor ", handle_->id, " was dropped already");
+  for (const auto& [borrower, is_mutable] : handle_->borrows)
+    TESSERA_CHECK(false, ValueError, "RemoteTensor::drop", "tensor ", handle_->id, " is borrowed by stream ",
+                  stream_name(state, borrower), " until drop() of the Borrow");
+  handle_->dropped = true;
+  // On its owner's stream, after its work, as when the last handle goes.
+  state.send(handle_->mesh.spec().ranks(), detail::Drop{handle_->mesh.id(), handle_->stream, handle_->id});
+}
+
+bool RemoteTensor::dropped() const { return handle_ && handle_->dropped; }
+
 Layout RemoteTensor::layout() const {
   TESSERA_CHECK(handle_ != nullptr, ValueError, "RemoteTensor::layout", "undefined RemoteTensor");
+  check_not_dropped(*this, "RemoteTensor::layout");
   detail::ControllerState* state = detail::current();
   const auto& future = handle_->layout;
   if (state && !state->transport->reports_layouts() && !future->done && !future->pull) {
@@ -454,6 +477,7 @@ Stream::Activation::~Activation() {
 Borrow Stream::borrow(const RemoteTensor& t, bool mutable_borrow) const {
   detail::ControllerState& state = detail::require("Stream::borrow");
   TESSERA_CHECK(t.defined(), ValueError, "Stream::borrow", "undefined RemoteTensor");
+  check_not_dropped(t, "Stream::borrow");
   detail::TensorHandle& h = detail::HandleAccess::of(t);
   TESSERA_CHECK(h.stream != id_, ValueError, "Stream::borrow", "tensor ", h.id, " belongs to stream ",
                 stream_name(state, id_), " already");
@@ -514,10 +538,10 @@ void issue_inplace(detail::ControllerState& state, const std::string& op, const 
 }
 
 // A mesh reduce's arguments: the mesh dims of `axes` on t's mesh.
-detail::MeshReduceArgs mesh_reduce_args(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op,
-                                        bool scatter, const char* call) {
+detail::MeshReduceArgs mesh_reduce_args(const RemoteTensor& t, const std::vector<std::string>& axes,
+                                        MeshReduction reduction, bool scatter, const char* call) {
   TESSERA_CHECK(!axes.empty(), ShardingError, call, "no mesh axes to reduce over");
-  detail::MeshReduceArgs args{op, scatter, {}};
+  detail::MeshReduceArgs args{reduction, scatter, {}};
   for (const std::string& axis : axes) args.mesh_dims.push_back(t.mesh().spec().dim_of(axis, call));
   return args;
 }
@@ -544,11 +568,30 @@ NoMesh::~NoMesh() {
   if (detail::ControllerState* state = detail::current()) --state->no_mesh;
 }
 
+namespace {
+
+// The ReduceOps are the mesh reductions but stack, in the same order.
+MeshReduction mesh_reduction(ReduceOp op) {
+  static_assert(static_cast<int>(MeshReduction::sum) == static_cast<int>(ReduceOp::sum) &&
+                static_cast<int>(MeshReduction::avg) == static_cast<int>(ReduceOp::avg) &&
+                static_cast<int>(MeshReduction::product) == static_cast<int>(ReduceOp::product) &&
+                static_cast<int>(MeshReduction::max) == static_cast<int>(ReduceOp::max) &&
+                static_cast<int>(MeshReduction::min) == static_cast<int>(ReduceOp::min));
+  return static_cast<MeshReduction>(op);
+}
+
+}  // namespace
+
 RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter,
+                    const WorkerMesh* onto, const RemoteTensor* out) {
+  return reduce(t, axes, mesh_reduction(op), scatter, onto, out);
+}
+
+RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes, MeshReduction reduction, bool scatter,
                     const WorkerMesh* onto, const RemoteTensor* out) {
   detail::ControllerState& state = detail::require_mesh("reduce");
   TESSERA_CHECK(t.defined(), ValueError, "reduce", "undefined RemoteTensor");
-  detail::MeshReduceArgs args = mesh_reduce_args(t, axes, op, scatter, "reduce");
+  detail::MeshReduceArgs args = mesh_reduce_args(t, axes, reduction, scatter, "reduce");
   check_read(state, t, "reduce");
   const MeshSpec& from = t.mesh().spec();
   if (onto) {
@@ -589,9 +632,15 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
 }
 
 void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter) {
+  reduce_(t, axes, mesh_reduction(op), scatter);
+}
+
+void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, MeshReduction reduction, bool scatter) {
   detail::ControllerState& state = detail::require_mesh("reduce_");
   TESSERA_CHECK(t.defined(), ValueError, "reduce_", "undefined RemoteTensor");
-  issue_inplace(state, "mesh_reduce", t, {}, mesh_reduce_args(t, axes, op, scatter, "reduce_"));
+  TESSERA_CHECK(reduction != MeshReduction::stack, ValueError, "reduce_", "a stack adds a leading dim to tensor ",
+                t.id(), ", so its shape changes: it cannot replace the value in place (use reduce)");
+  issue_inplace(state, "mesh_reduce", t, {}, mesh_reduce_args(t, axes, reduction, scatter, "reduce_"));
 }
 
 namespace {
@@ -612,6 +661,9 @@ Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& co
   detail::ControllerState& state = detail::require("fetch_shard");
   TESSERA_CHECK(t.defined(), ValueError, "fetch_shard", "undefined RemoteTensor");
   const MeshSpec& spec = t.mesh().spec();
+  // None: coordinate 0 on every axis (Monarch's shard=None).
+  if (coordinate.empty() && spec.ndim() > 0)
+    return fetch_shard(t, std::vector<int64_t>(static_cast<size_t>(spec.ndim()), 0));
   TESSERA_CHECK(static_cast<int64_t>(coordinate.size()) == spec.ndim(), ShardingError, "fetch_shard", "coordinate of ",
                 coordinate.size(), " dims on ", spec.to_string());
   for (size_t d = 0; d < coordinate.size(); ++d)
@@ -619,6 +671,14 @@ Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& co
                   "fetch_shard", "coordinate ", Shape(coordinate).to_string(), " is outside ", describe(t.mesh()));
   const int worker = spec.rank_at(coordinate);
   return fetch(state, false, t, {worker}, worker);
+}
+
+Future<Tensor> fetch_shard(const RemoteTensor& t, const std::map<std::string, int64_t>& at) {
+  TESSERA_CHECK(t.defined(), ValueError, "fetch_shard", "undefined RemoteTensor");
+  const MeshSpec& spec = t.mesh().spec();
+  std::vector<int64_t> coordinate(static_cast<size_t>(spec.ndim()), 0);
+  for (const auto& [axis, index] : at) coordinate[static_cast<size_t>(spec.dim_of(axis, "fetch_shard"))] = index;
+  return fetch_shard(t, coordinate);
 }
 
 Future<Tensor> fetch_full(const RemoteTensor& t) {

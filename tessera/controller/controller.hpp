@@ -19,6 +19,7 @@
 // fetched tensor, a layout, an error) come back when the controller asks for them.
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <string>
@@ -106,6 +107,12 @@ class RemoteTensor {
   Layout layout() const;
   Shape shape() const;
   uint64_t id() const;
+  /// Monarch's drop(): the workers free the tensor once the work issued before it on its stream
+  /// ran. Every later use of it, through this handle or a copy, is a ValueError naming it. Throws
+  /// ValueError when it is dropped already or lent to another stream (drop the Borrow first).
+  void drop() const;
+  /// Whether drop() was called on this handle or a copy of it.
+  bool dropped() const;
 
  private:
   explicit RemoteTensor(std::shared_ptr<detail::TensorHandle> handle) : handle_(std::move(handle)) {}
@@ -238,17 +245,26 @@ void call_inplace(const std::string& op, const RemoteTensor& target, const std::
 void add_(const RemoteTensor& target, const RemoteTensor& other);
 void mul_(const RemoteTensor& target, const RemoteTensor& other);
 
-/// Monarch's mesh reduce: each worker's block taken as its own value along the mesh `axes`
-/// (which t must not be sharded over), combined by `op` across them: onto every worker
-/// (Replicate), or with `scatter` split over them along dim 0 (reduce-scatter). With `onto`, a
-/// slice of t's mesh without those axes (Monarch's `mesh=` such as gpu=0), the result lives on
-/// that slice only. Throws ShardingError for an unknown axis or a bad target (errors on the
-/// workers, such as a sharded axis, surface at the result's futures).
+/// Monarch's mesh reduce (DTensor::reduce on the workers): each worker's block taken as its own
+/// value along the mesh `axes` (which t must hold Replicate, or the same Partial), combined by
+/// `reduction` across them: onto every worker (Replicate; sum is all_reduce), or with `scatter`
+/// split over them along dim 0 (reduce_scatter). `stack` gathers the blocks into a new leading
+/// dim of their count instead (all_gather; with scatter, all_to_all: the blocks split along
+/// their dim 0, the old leading one). With `onto`, a slice of t's mesh without those axes
+/// (Monarch's `mesh=` such as gpu=0), the result lives on that slice only (reduce, or gather with
+/// stack). Throws ShardingError for an unknown axis or a bad target (errors on the workers, such
+/// as a sharded axis, surface at the result's futures).
 /// With `out` (Monarch's `out=`), the result is written into out, which must live on the
 /// result's mesh (a write to out under the stream rules), and out is returned.
+RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes, MeshReduction reduction,
+                    bool scatter = false, const WorkerMesh* onto = nullptr, const RemoteTensor* out = nullptr);
+/// The same by a ReduceOp (sum, avg, product, max, min).
 RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op = ReduceOp::sum,
                     bool scatter = false, const WorkerMesh* onto = nullptr, const RemoteTensor* out = nullptr);
-/// The same, the result replacing t's value (Monarch's `_inplace=True`); not with `onto`.
+/// The same, the result replacing t's value (Monarch's `_inplace=True`); not with `onto`, and not
+/// a stack (which changes the shape: a ValueError at the call).
+void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, MeshReduction reduction,
+             bool scatter = false);
 void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op = ReduceOp::sum,
              bool scatter = false);
 
@@ -303,9 +319,17 @@ class Remote {
 Remote remote(const std::string& name, RemoteFunction fn);
 
 /// The local block of the worker at `coordinate` of the tensor's mesh (a clone), read on the
-/// active stream (the stream rules for readers apply). Throws ShardingError at the call for a
+/// active stream (the stream rules for readers apply); none: coordinate 0 on every axis
+/// (Monarch's shard=None, as after an all_reduce). Throws ShardingError at the call for a
 /// coordinate outside the mesh.
-Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& coordinate);
+Future<Tensor> fetch_shard(const RemoteTensor& t, const std::vector<int64_t>& coordinate = {});
+/// fetch_shard(t, {1, 0}): a braced coordinate (this overload keeps it from also reading as a map).
+inline Future<Tensor> fetch_shard(const RemoteTensor& t, std::initializer_list<int64_t> coordinate) {
+  return fetch_shard(t, std::vector<int64_t>(coordinate));
+}
+/// The same at named coordinates (Monarch's `fetch_shard(t, gpu=1)`); unnamed axes are 0. Throws
+/// ShardingError for an unknown axis.
+Future<Tensor> fetch_shard(const RemoteTensor& t, const std::map<std::string, int64_t>& at);
 /// The whole tensor (full_tensor on every worker of the mesh; the first delivers it): for small
 /// tensors, as Monarch's inspect.
 Future<Tensor> fetch_full(const RemoteTensor& t);

@@ -29,4 +29,9 @@ std::string to_string(ReduceOp op);
 /// Parses a name. Throws ValueError if unknown.
 ReduceOp reduce_op_from_string(std::string_view text);
 
+/// Monarch's mesh reductions (DTensor::reduce, controller::reduce): the ReduceOps, in their
+/// order, and stack (an all_gather into a new leading dim).
+enum class MeshReduction : uint8_t { sum, avg, product, max, min, stack };
+inline constexpr int kMeshReductionCount = 6;
+
 }  // namespace tessera

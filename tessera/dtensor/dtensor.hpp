@@ -40,9 +40,6 @@ struct FromLocalOptions {
   ShardSizes sizes = {};
 };
 
-/// Reductions of DTensor::reduce (Monarch's mesh reduce).
-enum class MeshReduction : uint8_t { sum, avg, max, min, stack };
-
 /// How a redistribution communicates (PyTorch's forward_dtype / backward_dtype). Value type.
 /// Example: `x.redistribute({Replicate{}}, {.forward_dtype = DType::bf16})` all-gathers half the
 /// bytes of an f32 x and returns a bf16 DTensor.
@@ -120,7 +117,7 @@ class DTensor {
                                     const RedistributeOptions& options = {}) const;
 
   /// Monarch's mesh reduction over the named mesh dims, treating the locals along them as values:
-  /// sum/avg/max/min -> all_reduce (scatter: reduce_scatter along the local's dim 0); stack ->
+  /// sum/avg/product/max/min -> all_reduce (scatter: reduce_scatter along the local's dim 0); stack ->
   /// all_gather into a new leading dim (scatter: all_to_all). The placements on `dims` must be
   /// Replicate or the same Partial (stack: locals of equal shape). Communicates.
   DTensor reduce(const std::vector<std::string>& dims, MeshReduction reduction = MeshReduction::sum,

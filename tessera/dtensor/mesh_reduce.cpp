@@ -15,6 +15,8 @@ std::string_view reduction_name(MeshReduction r) {
   switch (r) {
     case MeshReduction::sum: return "sum";
     case MeshReduction::avg: return "avg";
+    case MeshReduction::product:
+      return "product";
     case MeshReduction::max: return "max";
     case MeshReduction::min: return "min";
     case MeshReduction::stack: return "stack";
@@ -26,6 +28,8 @@ ReduceOp reduce_op_of(MeshReduction r) {
   switch (r) {
     case MeshReduction::sum: return ReduceOp::sum;
     case MeshReduction::avg: return ReduceOp::avg;
+    case MeshReduction::product:
+      return ReduceOp::product;
     case MeshReduction::max: return ReduceOp::max;
     case MeshReduction::min: return ReduceOp::min;
     case MeshReduction::stack: break;

@@ -27,7 +27,7 @@ std::vector<OpArgs> every_op_args() {
           ShapeArgs{Shape{4, 0, 7}},
           PlacementArgs{{Shard{1}, Replicate{}, Partial{ReduceOp::max}}},
           ReduceArgs{{0, 2}, true},
-          MeshReduceArgs{ReduceOp::avg, true, {1, 0}},
+          MeshReduceArgs{MeshReduction::avg, true, {1, 0}},
           FactoryArgs{Shape{3, 5}, {Replicate{}, Shard{0}}, DType::bf16, 0.125}};
 }
 
@@ -85,12 +85,13 @@ TEST(CommandWire, TruncatedOrForeignMessagesAreCommErrors) {
   // An unknown kind, and a count larger than the message.
   EXPECT_TRUE(throws_with<CommError>([] { decode_command({99}); }, {"[controller]", "alternative 99"}));
   EXPECT_TRUE(throws_with<CommError>([] { decode_command({1, 0, 1LL << 40}); }, {"[controller]", "items"}));
-  // A mesh reduce by reduce op 9: no such op.
-  std::vector<int64_t> words = encode_command(RunOp{1, 0, "", {}, MeshReduceArgs{ReduceOp::max, false, {0}}, 2, -1, 0});
-  const auto at = std::find(words.begin(), words.end(), static_cast<int64_t>(ReduceOp::max));
+  // A mesh reduce by mesh reduction 9: there is none.
+  std::vector<int64_t> words =
+      encode_command(RunOp{1, 0, "", {}, MeshReduceArgs{MeshReduction::max, false, {0}}, 2, -1, 0});
+  const auto at = std::find(words.begin(), words.end(), static_cast<int64_t>(MeshReduction::max));
   ASSERT_NE(at, words.end());
   *at = 9;
-  EXPECT_TRUE(throws_with<CommError>([&] { decode_command(words); }, {"[controller]", "reduce op 9"}));
+  EXPECT_TRUE(throws_with<CommError>([&] { decode_command(words); }, {"[controller]", "mesh reduction 9"}));
 }
 
 TEST(CommandWire, RepliesRoundTrip) {

@@ -18,6 +18,7 @@
 #include <tessera/sharding/layout.hpp>
 
 #include "failure_checks.hpp"
+#include "monarch_checks.hpp"
 #include "op_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
@@ -40,6 +41,7 @@ TEST(ControllerMpi, WorkersAsProcesses) {
   });
   stream_checks::register_remotes();
   failure_checks::register_remotes();
+  monarch_checks::register_remotes();
   char name[] = "controller_mpi_test";
   char* argv[] = {name, nullptr};
   bool ran = false;
@@ -67,6 +69,11 @@ TEST(ControllerMpi, WorkersAsProcesses) {
     // The op table by name with typed arguments, and call()'s arguments checked at the call.
     op_checks::check_generated_ops(mesh);
     op_checks::check_call_arguments(mesh);
+    // Monarch's reductions, fetch_shard's coordinates and drop(), on the line and a grid.
+    monarch_checks::check_mesh_reductions(mesh);
+    monarch_checks::check_fetch_shard_coordinates(mesh);
+    monarch_checks::check_drop(mesh);
+    if (workers % 2 == 0) monarch_checks::check_mesh_reductions(controller::WorkerMesh({2, workers / 2}, {"a", "b"}));
     // A fetch never waited for is received at shutdown (the workers end cleanly).
     (void)controller::fetch_shard(y, {workers - 1});
     if (workers % 2 == 0) {

@@ -22,6 +22,7 @@
 #include <tessera/sharding/layout.hpp>
 
 #include "failure_checks.hpp"
+#include "monarch_checks.hpp"
 #include "op_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
@@ -286,7 +287,7 @@ TEST(Controller, MeshReduce) {
                                {"[reduce]", "must be a slice"}));
     const auto sharded = controller::ones({4}, mesh, {Shard{0}, Replicate{}});
     EXPECT_TRUE(throws_with<CommError>([&] { (void)controller::reduce(sharded, {"host"}).layout(); },
-                                       {"worker rank 0", "not Replicate over mesh axis 'host'"}));
+                                       {"worker rank 0", "mesh dim host holds S(0)", "needs Replicate"}));
   });
   EXPECT_EQ(status, 0);
 }
@@ -433,6 +434,22 @@ TEST(Controller, OpTableByNameWithTypedArguments) {
     TESSERA_COMPARISON_OPS(TESSERA_TEST_LISTED)
     TESSERA_REDUCTION_OPS(TESSERA_TEST_LISTED)
 #undef TESSERA_TEST_LISTED
+  });
+  EXPECT_EQ(status, 0);
+}
+
+// Monarch's mesh reductions (sum, product, max, stack: all_gather, all_to_all, gather onto a
+// slice), fetch_shard's default and named coordinates, and drop(), on a 1-d and a 2-d mesh.
+TEST(Controller, MonarchReductionsFetchesAndDrop) {
+  monarch_checks::register_remotes();
+  const int status = run_controller(4, [&] {
+    const controller::WorkerMesh line({4}, {"x"});
+    const controller::WorkerMesh grid({2, 2}, {"a", "b"});
+    for (const controller::WorkerMesh* mesh : {&line, &grid}) {
+      monarch_checks::check_mesh_reductions(*mesh);
+      monarch_checks::check_fetch_shard_coordinates(*mesh);
+    }
+    monarch_checks::check_drop(grid);
   });
   EXPECT_EQ(status, 0);
 }

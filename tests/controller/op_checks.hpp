@@ -68,7 +68,7 @@ inline void check_call_arguments(const tessera::controller::WorkerMesh& mesh) {
   EXPECT_TRUE(throws_with<ValueError>([&] { controller::call_inplace("mul", a, {}); },
                                       {"[controller::call_inplace]", "'mul' takes 2 input tensors; got 1"}));
   EXPECT_TRUE(throws_with<ValueError>([&] { controller::call("mesh_reduce", {a}, {}, {0}); },
-                                      {"'mesh_reduce' takes integers [reduce op, scatter, mesh dims...]"}));
+                                      {"'mesh_reduce' takes integers [mesh reduction"}));
   // By name, a mesh reduce and an in-place op with their integer arguments run as the typed calls.
   const controller::RemoteTensor b = controller::call("mesh_reduce", {a}, {}, {0, 0, 0});
   controller::call_inplace("mul_scalar", b, {}, {0.5});

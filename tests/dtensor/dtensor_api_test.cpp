@@ -565,6 +565,9 @@ TEST(DTensorApiReduce, OneDimReductionsTreatLocalsAsValues) {
     EXPECT_TRUE(same(d.reduce({"x"}, MeshReduction::avg).to_local(), full(shape, (n + 1) / 2.0)));
     EXPECT_TRUE(same(d.reduce({"x"}, MeshReduction::max).to_local(), full(shape, n)));
     EXPECT_TRUE(same(d.reduce({"x"}, MeshReduction::min).to_local(), full(shape, 1.0)));
+    double factorial = 1;
+    for (int i = 2; i <= n; ++i) factorial *= i;
+    EXPECT_TRUE(same(d.reduce({"x"}, MeshReduction::product).to_local(), full(shape, factorial)));
     EXPECT_TRUE(same(d.to_local(), full(shape, r + 1.0)));  // the input is untouched
 
     // scatter: reduce_scatter along the local's dim 0 (chunk pieces of 4 rows, empty ones included).

@@ -75,15 +75,15 @@ struct ReduceArgs {
   }
   bool operator==(const ReduceArgs&) const = default;
 };
-/// Monarch's mesh reduce: each worker's block is its own value along `mesh_dims`, combined by `op`
-/// onto every worker, or with `scatter` split along dim 0 over them.
+/// Monarch's mesh reduce (DTensor::reduce): each worker's block is its own value along
+/// `mesh_dims`, combined by `reduction` onto every worker, or with `scatter` split over them.
 struct MeshReduceArgs {
-  ReduceOp op = ReduceOp::sum;
+  MeshReduction reduction = MeshReduction::sum;
   bool scatter = false;
   std::vector<int64_t> mesh_dims;
   template <class Self>
   static auto fields(Self& s) {
-    return std::tie(s.op, s.scatter, s.mesh_dims);
+    return std::tie(s.reduction, s.scatter, s.mesh_dims);
   }
   bool operator==(const MeshReduceArgs&) const = default;
 };

@@ -69,11 +69,12 @@ OpArgs placement_args(const CallArgs& a, const std::string& op) {
   return PlacementArgs{a.placements};
 }
 
-// ints: [reduce op, scatter, mesh dims...].
+// ints: [mesh reduction, scatter, mesh dims...].
 OpArgs mesh_reduce_args(const CallArgs& a, const std::string& op) {
-  check_takes(a.scalars.empty() && a.ints.size() >= 3 && no_structure(a), a, op,
-              "integers [reduce op, scatter, mesh dims...]");
-  return MeshReduceArgs{static_cast<ReduceOp>(a.ints[0]), a.ints[1] != 0,
+  check_takes(
+      a.scalars.empty() && a.ints.size() >= 3 && no_structure(a) && a.ints[0] >= 0 && a.ints[0] < kMeshReductionCount,
+      a, op, "integers [mesh reduction (0 sum ... 5 stack), scatter, mesh dims...]");
+  return MeshReduceArgs{static_cast<MeshReduction>(a.ints[0]), a.ints[1] != 0,
                         std::vector<int64_t>(a.ints.begin() + 2, a.ints.end())};
 }
 
@@ -102,22 +103,11 @@ DTensor reduce_with(F f, const char* name, const DTensor& x, const ReduceArgs& a
   }
 }
 
-// Each worker's block is its own value along the mesh dims (Partial(op) there), combined onto
-// every worker (Replicate) or, with scatter, split along dim 0 over them.
+// DTensor's mesh reduce over the mesh dims, named.
 DTensor mesh_reduce(const DTensor& x, const MeshReduceArgs& a, const DeviceMesh& mesh) {
-  const Layout& layout = x.layout();
-  Placements partial = layout.placements(), reduced = layout.placements();
-  for (int64_t dim : a.mesh_dims) {
-    const auto d = static_cast<size_t>(dim);
-    TESSERA_CHECK(is_replicate(partial.at(d)), ShardingError, "reduce", "the tensor ", layout.to_string(),
-                  " is not Replicate over mesh axis '", mesh.axis_names()[d],
-                  "'; a mesh reduce takes each worker's whole block as its value");
-    partial[d] = Partial{a.op};
-    reduced[d] = a.scatter ? Placement(Shard{0}) : Placement(Replicate{});
-  }
-  const Layout as_partial(layout.global_shape(), layout.dtype(), layout.mesh(), partial, layout.shard_orders(),
-                          layout.explicit_sizes());
-  return DTensor(x.to_local(), mesh, as_partial).redistribute(mesh, reduced);
+  std::vector<std::string> axes;
+  for (int64_t d : a.mesh_dims) axes.push_back(mesh.axis_names().at(static_cast<size_t>(d)));
+  return x.reduce(axes, a.reduction, a.scatter);
 }
 
 template <class T>
@@ -172,25 +162,19 @@ Table make_table() {
                        }};
   t["mesh_reduce"] = {1, mesh_reduce_args,
                       [](In in, Args a, Mesh mesh) { return mesh_reduce(in.at(0), args_of<MeshReduceArgs>(a), mesh); }};
-  t["zeros"] = {0, factory_args<false>, [](In, Args a, Mesh mesh) {
-                  const auto& f = args_of<FactoryArgs>(a);
-                  return zeros(f.shape, mesh, f.placements, f.dtype);
-                }};
-  t["ones"] = {0, factory_args<false>, [](In, Args a, Mesh mesh) {
-                 const auto& f = args_of<FactoryArgs>(a);
-                 return ones(f.shape, mesh, f.placements, f.dtype);
-               }};
+#define TESSERA_CONTROLLER_FACTORY(name)                           \
+  t[#name] = {0, factory_args<false>, [](In, Args a, Mesh mesh) {  \
+                const auto& f = args_of<FactoryArgs>(a);           \
+                return name(f.shape, mesh, f.placements, f.dtype); \
+              }};
+  TESSERA_CONTROLLER_FACTORY(zeros)
+  TESSERA_CONTROLLER_FACTORY(ones)
+  TESSERA_CONTROLLER_FACTORY(randn)
+  TESSERA_CONTROLLER_FACTORY(rand)
+#undef TESSERA_CONTROLLER_FACTORY
   t["full"] = {0, factory_args<true>, [](In, Args a, Mesh mesh) {
                  const auto& f = args_of<FactoryArgs>(a);
                  return full(f.shape, f.value, mesh, f.placements, f.dtype);
-               }};
-  t["randn"] = {0, factory_args<false>, [](In, Args a, Mesh mesh) {
-                  const auto& f = args_of<FactoryArgs>(a);
-                  return randn(f.shape, mesh, f.placements, f.dtype);
-                }};
-  t["rand"] = {0, factory_args<false>, [](In, Args a, Mesh mesh) {
-                 const auto& f = args_of<FactoryArgs>(a);
-                 return rand(f.shape, mesh, f.placements, f.dtype);
                }};
   return t;
 }

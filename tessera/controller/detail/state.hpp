@@ -64,6 +64,7 @@ struct TensorHandle {
   int64_t stream;                                 // the owner
   int64_t writer;                                 // the stream that wrote it last (reports its layout)
   std::vector<std::pair<int64_t, bool>> borrows;  // (stream, mutable) lent out now
+  bool dropped = false;                           // by RemoteTensor::drop: the workers freed it
 
   static RemoteTensor make(uint64_t id, WorkerMesh mesh, std::shared_ptr<FutureState<Layout>> layout, int64_t stream) {
     return RemoteTensor(std::make_shared<TensorHandle>(id, std::move(mesh), std::move(layout), stream));

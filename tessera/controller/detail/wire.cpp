@@ -23,7 +23,7 @@ class Writer {
   void put(bool v) { put(int64_t{v ? 1 : 0}); }
   void put(double v) { put(std::bit_cast<int64_t>(v)); }
   void put(DType v) { put(static_cast<int64_t>(v)); }
-  void put(ReduceOp v) { put(static_cast<int64_t>(v)); }
+  void put(MeshReduction v) { put(static_cast<int64_t>(v)); }
   void put(const std::string& s) {
     put(static_cast<int64_t>(s.size()));
     for (size_t i = 0; i < s.size(); i += 8) {
@@ -67,11 +67,7 @@ class Reader {
   void get(bool& v) { v = words_.next() != 0; }
   void get(double& v) { v = std::bit_cast<double>(words_.next()); }
   void get(DType& v) { v = static_cast<DType>(enumerator(kNumDTypes, "dtype")); }
-  void get(ReduceOp& v) {
-#define TESSERA_COUNT_REDUCE_OP(name) +1
-    v = static_cast<ReduceOp>(enumerator(0 TESSERA_FORALL_REDUCE_OPS(TESSERA_COUNT_REDUCE_OP), "reduce op"));
-#undef TESSERA_COUNT_REDUCE_OP
-  }
+  void get(MeshReduction& v) { v = static_cast<MeshReduction>(enumerator(kMeshReductionCount, "mesh reduction")); }
   void get(std::string& s) {
     s.assign(count(), '\0');
     for (size_t i = 0; i < s.size(); i += 8) {

@@ -1,0 +1,147 @@
+#pragma once
+// Monarch's mesh reductions, fetch_shard's coordinates and drop() (shared by the threads and the
+// MPI tests). Each worker's block is its own value: a remote function gives worker i of a 1-d
+// mesh the block 100 i + [0, 1, ...] (n x 3), so every reduction is checked against the same
+// arithmetic done here.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <tessera/controller/controller.hpp>
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/ops/ops.hpp>
+
+#include "test_util.hpp"
+
+namespace monarch_checks {
+
+/// Worker i's block along mesh dim 0 (of a mesh of n there): 100 i + arange(3 n) as n x 3.
+inline tessera::Tensor block(int64_t i, int64_t n) {
+  using namespace tessera;
+  return (arange(3 * n).to(DType::f32) + 100.0 * static_cast<double>(i)).reshape({n, 3});
+}
+
+/// Registers "monarch_checks.block" (before controller::run; once): every worker's own block,
+/// Replicate over the mesh (each worker's value differs: Monarch's per-worker values).
+inline void register_remotes() {
+  using namespace tessera;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    controller::register_remote("monarch_checks.block", [](const DeviceMesh& mesh, const std::vector<DTensor>&) {
+      const int64_t n = mesh.size(0);
+      const Tensor mine = block(mesh.coordinate()[0], n);
+      FromLocalOptions global;
+      global.shape = mine.shape();
+      return std::vector<DTensor>{
+          DTensor::from_local(mine, mesh, Placements(static_cast<size_t>(mesh.ndim()), Replicate{}), global)};
+    });
+  });
+}
+
+/// The blocks of every worker along dim 0, stacked: [n, n, 3].
+inline tessera::Tensor stacked(int64_t n) {
+  std::vector<tessera::Tensor> blocks;
+  for (int64_t i = 0; i < n; ++i) blocks.push_back(block(i, n));
+  return tessera::stack(blocks, 0);
+}
+
+/// Every reduction of Monarch's reduce over mesh dim 0 of `mesh` (named `axis`): sum, product,
+/// max, stack (all_gather), stack with scatter (all_to_all), and stack onto a slice (gather).
+inline void check_mesh_reductions(const tessera::controller::WorkerMesh& mesh) {
+  using namespace tessera;
+  using tessera::testing::throws_with;
+  const std::string axis = mesh.spec().names()[0];
+  const int64_t n = mesh.spec().size(0);
+  const auto v = controller::call_remote("monarch_checks.block", mesh, {})[0];
+  const auto whole = [](const controller::RemoteTensor& t) { return controller::fetch_full(t).get(); };
+  Tensor sum_of = zeros({n, 3}), product_of = ones({n, 3});
+  for (int64_t i = 0; i < n; ++i) sum_of = sum_of + block(i, n), product_of = product_of * block(i, n);
+  EXPECT_TRUE(allclose(whole(controller::reduce(v, {axis})), sum_of, 0, 0));
+  EXPECT_TRUE(allclose(whole(controller::reduce(v, {axis}, ReduceOp::product)), product_of, 1e-6, 0));
+  EXPECT_TRUE(allclose(whole(controller::reduce(v, {axis}, MeshReduction::max)), block(n - 1, n), 0, 0));
+  // all_gather: every worker holds every block, stacked in worker order.
+  const auto gathered = controller::reduce(v, {axis}, MeshReduction::stack);
+  EXPECT_EQ(gathered.shape(), (Shape{n, n, 3}));
+  EXPECT_TRUE(allclose(whole(gathered), stacked(n), 0, 0));
+  std::vector<int64_t> last(static_cast<size_t>(mesh.spec().ndim()), 0);
+  last[0] = n - 1;
+  EXPECT_TRUE(allclose(controller::fetch_shard(gathered, last).get(), stacked(n), 0, 0));
+  // all_to_all: worker j holds row j of every worker's block.
+  const auto exchanged = controller::reduce(v, {axis}, MeshReduction::stack, true);
+  EXPECT_TRUE(allclose(whole(exchanged), stacked(n), 0, 0));
+  for (int64_t j = 0; j < n; ++j) {
+    std::vector<int64_t> at(static_cast<size_t>(mesh.spec().ndim()), 0);
+    at[0] = j;
+    EXPECT_TRUE(allclose(controller::fetch_shard(exchanged, at).get(), stacked(n).narrow(1, j, 1), 0, 0)) << j;
+  }
+  // In place: a sum replaces the value; a stack changes the shape, so it is refused at the call.
+  const auto w = controller::call_remote("monarch_checks.block", mesh, {})[0];
+  controller::reduce_(w, {axis}, MeshReduction::max);
+  EXPECT_TRUE(allclose(whole(w), block(n - 1, n), 0, 0));
+  EXPECT_TRUE(throws_with<ValueError>([&] { controller::reduce_(w, {axis}, MeshReduction::stack); },
+                                      {"[reduce_]", "stack", "shape"}));
+  // gather: the stack onto the slice at index 0 of the reduced axis (a mesh of the other axes).
+  if (mesh.spec().ndim() >= 2) {
+    const controller::WorkerMesh first = mesh.slice({{axis, 0}});
+    const auto onto = controller::reduce(v, {axis}, MeshReduction::stack, false, &first);
+    EXPECT_EQ(onto.mesh().id(), first.id());
+    EXPECT_TRUE(allclose(whole(onto), stacked(n), 0, 0));
+  }
+}
+
+/// fetch_shard without a coordinate (0 everywhere, Monarch's shard=None) and with named ones
+/// (unnamed axes 0); an unknown axis or an index outside it is a ShardingError at the call.
+inline void check_fetch_shard_coordinates(const tessera::controller::WorkerMesh& mesh) {
+  using namespace tessera;
+  using tessera::testing::throws_with;
+  const std::string axis = mesh.spec().names()[0];
+  const int64_t n = mesh.spec().size(0);
+  const auto v = controller::call_remote("monarch_checks.block", mesh, {})[0];
+  EXPECT_TRUE(allclose(controller::fetch_shard(v).get(), block(0, n), 0, 0));
+  EXPECT_TRUE(allclose(controller::fetch_shard(v, {{axis, n - 1}}).get(), block(n - 1, n), 0, 0));
+  EXPECT_TRUE(throws_with<ShardingError>(
+      [&] {
+        (void)controller::fetch_shard(v, {{"no_such_axis", 0}});
+      },
+      {"[fetch_shard]", "no_such_axis"}));
+  EXPECT_TRUE(throws_with<ShardingError>(
+      [&] {
+        (void)controller::fetch_shard(v, {{axis, n}});
+      },
+      {"[fetch_shard]", "outside"}));
+}
+
+/// drop(): the handle (and every copy of it) is dropped; every later use is a ValueError naming
+/// the tensor; so is a second drop, and a drop while another stream borrows it.
+inline void check_drop(const tessera::controller::WorkerMesh& mesh) {
+  using namespace tessera;
+  using tessera::testing::throws_with;
+  const Placements replicated(static_cast<size_t>(mesh.spec().ndim()), Replicate{});
+  controller::RemoteTensor t = controller::ones({2, 2}, mesh, replicated);
+  const controller::RemoteTensor copy = t;
+  const std::string name = "tensor " + std::to_string(t.id());
+  EXPECT_FALSE(t.dropped());
+  t.drop();
+  EXPECT_TRUE(t.dropped());
+  EXPECT_TRUE(copy.dropped());
+  EXPECT_TRUE(throws_with<ValueError>([&] { (void)controller::add(copy, copy); }, {"[add]", name, "dropped"}));
+  EXPECT_TRUE(throws_with<ValueError>([&] { (void)controller::fetch_full(t); }, {"[fetch_full]", name, "dropped"}));
+  EXPECT_TRUE(throws_with<ValueError>([&] { (void)t.layout(); }, {"[RemoteTensor::layout]", name, "dropped"}));
+  EXPECT_TRUE(throws_with<ValueError>([&] { t.drop(); }, {"[RemoteTensor::drop]", name, "dropped already"}));
+  // Lent to another stream: its owner cannot free it under the borrower.
+  const controller::RemoteTensor lent = controller::ones({2}, mesh, replicated);
+  const controller::Stream other("monarch_checks.other");
+  {
+    controller::Borrow borrow = other.borrow(lent);
+    EXPECT_TRUE(throws_with<ValueError>([&] { lent.drop(); }, {"[RemoteTensor::drop]", "borrowed by stream"}));
+  }
+  lent.drop();
+  // The workers carry on.
+  EXPECT_TRUE(allclose(controller::fetch_full(controller::ones({2}, mesh, replicated)).get(), ones({2}), 0, 0));
+}
+
+}  // namespace monarch_checks
