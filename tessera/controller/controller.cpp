@@ -57,9 +57,11 @@ TensorHandle::~TensorHandle() {
   // The workers drop the tensor once every op enqueued before has run. After shutdown there is
   // nothing to drop.
   ControllerState* state = current();
-  if (!state || dropped) return;
-  // On its owner's stream, after its work (a borrower's drop made the owner wait for it).
-  state->send(mesh.spec().ranks(), Drop{mesh.id(), stream, id});
+  if (state && !dropped) drop_on_workers(*state);
+}
+
+void TensorHandle::drop_on_workers(ControllerState& state) const {
+  state.send(mesh.spec().ranks(), Drop{mesh.id(), stream, id});
 }
 
 namespace {
@@ -299,8 +301,7 @@ void RemoteTensor::drop() const {
     TESSERA_CHECK(false, ValueError, "RemoteTensor::drop", "tensor ", handle_->id, " is borrowed by stream ",
                   stream_name(state, borrower), " until drop() of the Borrow");
   handle_->dropped = true;
-  // On its owner's stream, after its work, as when the last handle goes.
-  state.send(handle_->mesh.spec().ranks(), detail::Drop{handle_->mesh.id(), handle_->stream, handle_->id});
+  handle_->drop_on_workers(state);
 }
 
 bool RemoteTensor::dropped() const { return handle_ && handle_->dropped; }
@@ -346,9 +347,8 @@ namespace {
 // already.
 RemoteTensor typed(const std::string& op, const std::vector<RemoteTensor>& inputs, detail::OpArgs args) {
   detail::ControllerState& state = detail::require_mesh(op.c_str());
-  for (const RemoteTensor& t : inputs)
-    TESSERA_CHECK(t.defined(), ValueError, op, "an input is an undefined RemoteTensor");
-  check_inputs(state, op, inputs, inputs.front().mesh());
+  TESSERA_CHECK(inputs.front().defined(), ValueError, op, "an input is an undefined RemoteTensor");
+  check_inputs(state, op, inputs, inputs.front().mesh());  // the others
   return detail::issue_op(state, op, inputs, std::move(args), inputs.front().mesh());
 }
 
@@ -530,10 +530,9 @@ void issue_inplace(detail::ControllerState& state, const std::string& op, const 
   for (const RemoteTensor& t : inputs) command.inputs.push_back(t.id());
   command.args = std::move(args);
   command.output = target.id();  // the result replaces the target's value
-  detail::TensorHandle& h = detail::HandleAccess::of(target);
-  h.layout = state.future<Layout>();
-  h.writer = state.active_stream;
-  command.layout_request = detail::layout_request(state, h.layout, target.mesh());
+  auto layout = state.future<Layout>();
+  detail::HandleAccess::of(target).written(layout, state.active_stream);
+  command.layout_request = detail::layout_request(state, layout, target.mesh());
   state.send(target.mesh().spec().ranks(), std::move(command));
 }
 
@@ -623,10 +622,7 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
   command.layout_request = detail::layout_request(state, layout, result_mesh);
   RemoteTensor result =
       out ? *out : detail::TensorHandle::make(command.output, result_mesh, layout, state.active_stream);
-  if (out) {
-    detail::HandleAccess::of(*out).layout = layout;
-    detail::HandleAccess::of(*out).writer = state.active_stream;
-  }
+  if (out) detail::HandleAccess::of(*out).written(layout, state.active_stream);
   state.send(from.ranks(), std::move(command));
   return result;
 }

@@ -58,6 +58,15 @@ struct TensorHandle {
   TensorHandle& operator=(const TensorHandle&) = delete;
   ~TensorHandle();
 
+  /// Has the workers drop the tensor, on its owner's stream after its work (a borrower's drop
+  /// made the owner wait for it).
+  void drop_on_workers(ControllerState& state) const;
+  /// A write on stream `stream`: the tensor's layout is the one `layout` will report.
+  void written(std::shared_ptr<FutureState<Layout>> layout_now, int64_t stream) {
+    layout = std::move(layout_now);
+    writer = stream;
+  }
+
   uint64_t id;
   WorkerMesh mesh;
   std::shared_ptr<FutureState<Layout>> layout;
