@@ -134,18 +134,15 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
                   Shape(expected).to_string(), ", in layout ", text());
     l.orders[static_cast<size_t>(dim)] = order;
   }
-  l.splits.resize(static_cast<size_t>(nd));
-  l.counts.assign(static_cast<size_t>(nd), 1);
-  l.pieces.resize(static_cast<size_t>(nd));
-  l.starts.resize(static_cast<size_t>(nd));
-  l.explicit_sizes.assign(static_cast<size_t>(nd), false);
+  l.counts = DimVector::filled(nd, 1);
   for (int64_t d = 0; d < nd; ++d) {
-    auto& splits = l.splits[static_cast<size_t>(d)];
-    for (int64_t m : l.orders[static_cast<size_t>(d)]) splits.push_back(l.mesh.shape()[m]);
-    const int64_t count = std::accumulate(splits.begin(), splits.end(), int64_t{1}, std::multiplies<>());
-    l.counts[static_cast<size_t>(d)] = count;
+    int64_t count = 1;
+    for (int64_t m : l.orders[static_cast<size_t>(d)]) count *= l.mesh.shape()[m];
+    l.counts[d] = count;
     const auto it = sizes.find(d);
     if (it == sizes.end()) continue;  // chunk semantics: pieces in closed form, never stored
+    std::vector<int64_t> splits;
+    for (int64_t m : l.orders[static_cast<size_t>(d)]) splits.push_back(l.mesh.shape()[m]);
     TESSERA_CHECK(!splits.empty(), ShardingError, "Layout", "explicit sizes for tensor dim ", d,
                   ", which is not sharded, in layout ", text());
     const std::vector<int64_t>& pieces = it->second;
@@ -163,7 +160,10 @@ Layout::Layout(Shape global_shape, DType dtype, MeshSpec mesh, Placements placem
                   " in layout ", text());
     // Sizes equal to chunk semantics are the default layout, not an explicit one.
     if (pieces == chunk_sizes(l.global_shape[d], splits)) continue;
-    l.explicit_sizes[static_cast<size_t>(d)] = true;
+    if (l.pieces.empty()) {
+      l.pieces.resize(static_cast<size_t>(nd));
+      l.starts.resize(static_cast<size_t>(nd));
+    }
     l.pieces[static_cast<size_t>(d)] = pieces;
     auto& starts = l.starts[static_cast<size_t>(d)];
     starts.assign(pieces.size() + 1, 0);
@@ -218,24 +218,26 @@ Block Layout::block(const std::vector<int64_t>& coordinate) const {
 }
 
 std::vector<int64_t> Layout::piece_sizes(int64_t dim) const {
-  if (data_->explicit_sizes[static_cast<size_t>(dim)]) return data_->pieces[static_cast<size_t>(dim)];
-  return chunk_sizes(data_->global_shape[dim], data_->splits[static_cast<size_t>(dim)]);
+  if (has_explicit_sizes(dim)) return data_->pieces[static_cast<size_t>(dim)];
+  std::vector<int64_t> splits;
+  for (int64_t m : data_->orders[static_cast<size_t>(dim)]) splits.push_back(data_->mesh.shape()[m]);
+  return chunk_sizes(data_->global_shape[dim], splits);
 }
 
 std::pair<int64_t, int64_t> Layout::piece_range(int64_t dim, int64_t piece) const {
   const auto d = static_cast<size_t>(dim);
-  if (data_->explicit_sizes[d]) {
+  if (has_explicit_sizes(dim)) {
     const auto& starts = data_->starts[d];
     return {starts[static_cast<size_t>(piece)], starts[static_cast<size_t>(piece) + 1]};
   }
   // An even split is a grid of one size (the planner's common case, on every rank class).
-  const int64_t size = data_->global_shape[dim], count = data_->counts[d];
+  const int64_t size = data_->global_shape[dim], count = data_->counts[dim];
   if (size % count == 0) return {piece * (size / count), (piece + 1) * (size / count)};
   // Nested chunks: the piece's digit at each level (mixed radix, the first split major) picks a
   // chunk of the piece chosen so far.
-  const auto& splits = data_->splits[d];
-  int64_t begin = 0, length = data_->global_shape[dim], place = data_->counts[d];
-  for (int64_t k : splits) {
+  int64_t begin = 0, length = data_->global_shape[dim], place = data_->counts[dim];
+  for (int64_t m : data_->orders[d]) {
+    const int64_t k = data_->mesh.shape()[m];
     place /= k;
     const int64_t digit = (piece / place) % k;
     const int64_t c = (length + k - 1) / k;
@@ -248,7 +250,7 @@ std::pair<int64_t, int64_t> Layout::piece_range(int64_t dim, int64_t piece) cons
 
 int64_t Layout::max_piece_size(int64_t dim) const {
   const auto d = static_cast<size_t>(dim);
-  if (data_->explicit_sizes[d]) {
+  if (has_explicit_sizes(dim)) {
     const auto& pieces = data_->pieces[d];
     return pieces.empty() ? 0 : *std::max_element(pieces.begin(), pieces.end());
   }
@@ -275,31 +277,41 @@ DimVector Layout::global_offset(const std::vector<int64_t>& coordinate) const {
 Block Layout::block_of_rank(int world_rank) const { return block(data_->mesh.coordinate_of(world_rank)); }
 
 Layout Layout::with_placements(Placements placements) const {
-  Layout candidate(data_->global_shape, data_->dtype, data_->mesh, placements);
+  const int64_t nd = ndim();
+  // The mesh dims that will shard each tensor dim, ascending (the default order). Out-of-range
+  // shard dims are left to the constructor, which names them.
+  std::vector<DimVector> theirs(static_cast<size_t>(nd));
+  for (int64_t m = 0; m < static_cast<int64_t>(placements.size()); ++m)
+    if (const auto* s = std::get_if<Shard>(&placements[static_cast<size_t>(m)])) {
+      const int64_t d = s->dim < 0 ? s->dim + nd : s->dim;
+      if (d >= 0 && d < nd) theirs[static_cast<size_t>(d)].push_back(m);
+    }
   ShardOrder order;
   ShardSizes sizes;
-  for (int64_t d = 0; d < ndim(); ++d) {
+  for (int64_t d = 0; d < nd; ++d) {
     const std::vector<int64_t>& mine = data_->orders[static_cast<size_t>(d)];
-    const std::vector<int64_t>& theirs = candidate.data_->orders[static_cast<size_t>(d)];
-    std::vector<int64_t> a = mine, b = theirs;
+    const DimVector& now = theirs[static_cast<size_t>(d)];
+    const bool explicit_pieces = has_explicit_sizes(d);
+    // Nothing to carry for a dim in the default order with chunk pieces (the common case).
+    if (!explicit_pieces && std::is_sorted(mine.begin(), mine.end())) continue;
+    std::vector<int64_t> a = mine;
     std::sort(a.begin(), a.end());
-    std::sort(b.begin(), b.end());
-    if (a == b) {
+    if (a == now.vec()) {
       if (a.empty()) continue;
       order[d] = mine;
-      if (data_->explicit_sizes[static_cast<size_t>(d)]) sizes[d] = data_->pieces[static_cast<size_t>(d)];
+      if (explicit_pieces) sizes[d] = data_->pieces[static_cast<size_t>(d)];
       continue;
     }
-    if (!data_->explicit_sizes[static_cast<size_t>(d)]) continue;
+    if (!explicit_pieces) continue;
     // Explicit pieces survive a mesh dim sharding them further or no longer: a mesh dim that
     // joins goes innermost and chunks every piece; mesh dims leaving from the inner end merge
     // their pieces back. (S(0) sizes [3, 0, 5], R) -> (S(0), S(0)) -> (S(0), R) keeps [3, 0, 5].
     const auto& pieces = data_->pieces[static_cast<size_t>(d)];
     std::vector<int64_t> joining, kept;
-    for (int64_t m : theirs)
+    for (int64_t m : now)
       if (std::find(mine.begin(), mine.end(), m) == mine.end()) joining.push_back(m);
     for (int64_t m : mine)
-      if (std::find(theirs.begin(), theirs.end(), m) != theirs.end()) kept.push_back(m);
+      if (std::find(now.begin(), now.end(), m) != now.end()) kept.push_back(m);
     const bool leaving_inner = std::equal(kept.begin(), kept.end(), mine.begin());
     if (!joining.empty() && kept == mine) {
       std::vector<int64_t> splits;
@@ -319,7 +331,8 @@ Layout Layout::with_placements(Placements placements) const {
       sizes[d] = std::move(summed);
     }
   }
-  return Layout(data_->global_shape, data_->dtype, data_->mesh, std::move(placements), order, sizes);
+  return Layout(data_->global_shape, data_->dtype, data_->mesh, std::move(placements), std::move(order),
+                std::move(sizes));
 }
 
 Layout::Layout() {
@@ -348,7 +361,7 @@ std::string Layout::to_string() const {
     const auto& order = data_->orders[static_cast<size_t>(d)];
     if (!std::is_sorted(order.begin(), order.end()))
       orders.append(orders.empty() ? "" : ", ").append(std::to_string(d) + ": " + Shape(order).to_string());
-    if (data_->explicit_sizes[static_cast<size_t>(d)])
+    if (has_explicit_sizes(d))
       sizes.append(sizes.empty() ? "" : ", ").append(std::to_string(d) + ": " + Shape(data_->pieces[static_cast<size_t>(d)]).to_string());
   }
   if (!orders.empty()) text += " order {" + orders + "}";

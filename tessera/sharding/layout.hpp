@@ -61,7 +61,7 @@ class Layout {
   /// Mesh dims sharding tensor dim `dim`, in splitting order (empty when not sharded).
   const std::vector<int64_t>& shard_order(int64_t dim) const { return data_->orders[static_cast<size_t>(dim)]; }
   /// Number of pieces of tensor dim `dim`: the product of the sizes of the mesh dims sharding it.
-  int64_t piece_count(int64_t dim) const { return data_->counts[static_cast<size_t>(dim)]; }
+  int64_t piece_count(int64_t dim) const { return data_->counts[dim]; }
   /// Sizes of the pieces of tensor dim `dim` in splitting order ({size} when not sharded). Built
   /// on each call (O(piece_count)): chunk pieces are not stored, piece_range gives one.
   std::vector<int64_t> piece_sizes(int64_t dim) const;
@@ -72,7 +72,9 @@ class Layout {
   /// Elements of the largest block of any rank, without visiting the ranks.
   int64_t max_block_numel() const;
   /// True when piece sizes were given explicitly rather than by chunk semantics.
-  bool has_explicit_sizes(int64_t dim) const { return data_->explicit_sizes[static_cast<size_t>(dim)]; }
+  bool has_explicit_sizes(int64_t dim) const {
+    return !data_->pieces.empty() && !data_->pieces[static_cast<size_t>(dim)].empty();
+  }
   /// The shard orders the constructor needs to rebuild this layout: the dims split over more
   /// than one mesh dim (empty when every order is the default).
   ShardOrder shard_orders() const;
@@ -113,8 +115,7 @@ class Layout {
     const Data& x = *a.data_;
     const Data& y = *b.data_;
     return x.hash == y.hash && x.global_shape == y.global_shape && x.dtype == y.dtype && x.mesh == y.mesh &&
-           x.placements == y.placements && x.orders == y.orders && x.explicit_sizes == y.explicit_sizes &&
-           x.pieces == y.pieces;
+           x.placements == y.placements && x.orders == y.orders && x.pieces == y.pieces;
   }
 
  private:
@@ -126,13 +127,13 @@ class Layout {
     MeshSpec mesh;
     Placements placements;
     std::vector<std::vector<int64_t>> orders;  // per tensor dim
-    std::vector<std::vector<int64_t>> splits;  // per tensor dim: the sizes of the mesh dims of its order
-    std::vector<int64_t> counts;               // per tensor dim: pieces
-    // Per tensor dim with explicit sizes only (empty otherwise): chunk pieces are computed, so a
-    // layout's size is O(mesh dims), not O(ranks), unless the user gave every piece's size.
+    DimVector counts;                          // per tensor dim: pieces
+    // Explicit piece sizes per tensor dim (empty for chunk pieces, which are computed, so a
+    // layout's size is O(mesh dims), not O(ranks), unless the user gave every piece's size).
+    // Both lists stay empty unless some dim has explicit sizes: most layouts have none, and the
+    // dispatcher builds many per miss.
     std::vector<std::vector<int64_t>> pieces;
     std::vector<std::vector<int64_t>> starts;  // prefix sums of pieces
-    std::vector<bool> explicit_sizes;
     size_t hash = 0;
   };
   std::shared_ptr<const Data> data_;

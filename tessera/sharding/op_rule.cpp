@@ -226,7 +226,8 @@ OpProposal build_proposal(const FactorRule& rule, const std::vector<const Layout
       bool sharded = false;
       for (const auto& placement : p) sharded |= is_shard(placement, static_cast<int64_t>(d));
       if (!sharded) continue;
-      orders[static_cast<int64_t>(d)] = order[f];
+      // Only a non-default (unsorted) order needs an entry: most are the default.
+      if (!std::is_sorted(order[f].begin(), order[f].end())) orders[static_cast<int64_t>(d)] = order[f];
       if (!sizes[f].empty()) explicit_sizes[static_cast<int64_t>(d)] = sizes[f];
     }
     return Layout(shape, dtype, mesh, p, orders, explicit_sizes);

@@ -95,7 +95,7 @@ std::optional<Layout> changed_layout(const Layout& at, const std::vector<std::pa
         o.insert(position < 0 ? o.end() : o.begin() + position, m);
         sharded_now = true;
       }
-    if (!o.empty()) order[d] = o;
+    if (!std::is_sorted(o.begin(), o.end())) order[d] = o;  // the default order needs no entry
     if (at.has_explicit_sizes(d) && !sharded_now && o == at.shard_order(d)) sizes[d] = at.piece_sizes(d);
   }
   try {
