@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include <tessera/core/error.hpp>
+#include <tessera/dtensor/detail/dispatch_handler_call.hpp>
 #include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/dtensor/explicit_redistribution.hpp>
 #include <tessera/runtime/runtime.hpp>
@@ -105,6 +106,7 @@ void clear_dispatch_cache() { cache.entries.clear(); }
 namespace detail {
 
 DTensor dispatch(int op, std::span<const DTensor* const> inputs, const OpArgs& args, Kernel kernel) {
+  if (auto handled = run_dispatch_handler(op, inputs, args)) return std::move(*handled);
   const DeviceMesh& mesh = inputs.front()->device_mesh();
   const uint64_t version = rule_registry().version();
   if (cache.version != version) {

@@ -1,0 +1,48 @@
+#include <tessera/domain/handlers.hpp>
+
+#include <tessera/core/error.hpp>
+#include <tessera/dtensor/dispatch.hpp>
+
+namespace tessera {
+
+namespace {
+
+void check_handler(const DispatchHandler& handler, const char* call, const std::string& op) {
+  TESSERA_CHECK(handler != nullptr, ValueError, call, "empty handler for op '", op,
+                "'; remove_dispatch_handler removes one");
+}
+
+bool is_builtin(int id) { return id < kBuiltinOpCount; }
+
+}  // namespace
+
+void register_dispatch_handler(OpId op, DispatchHandler handler) {
+  TESSERA_CHECK(op < OpId::count, ValueError, "register_dispatch_handler", "op id ", static_cast<int>(op),
+                " is not a built-in op");
+  check_handler(handler, "register_dispatch_handler", op_name(op));
+  set_dispatch_handler(RuleRegistry::id(op), std::move(handler));
+}
+
+void register_dispatch_handler(const std::string& op, DispatchHandler handler) {
+  TESSERA_CHECK(!op.empty(), ValueError, "register_dispatch_handler", "empty op name");
+  const int id = rule_registry().id(op);
+  TESSERA_CHECK(is_builtin(id), ValueError, "register_dispatch_handler", "'", op,
+                "' is not a built-in op; a custom op's handler is registered with register_named_function_handler");
+  check_handler(handler, "register_dispatch_handler", op);
+  set_dispatch_handler(id, std::move(handler));
+}
+
+void register_named_function_handler(const std::string& op, DispatchHandler handler) {
+  TESSERA_CHECK(!op.empty(), ValueError, "register_named_function_handler", "empty op name");
+  const int id = rule_registry().id(op);
+  TESSERA_CHECK(!is_builtin(id), ValueError, "register_named_function_handler", "'", op,
+                "' is a built-in op; register its handler with register_dispatch_handler");
+  check_handler(handler, "register_named_function_handler", op);
+  set_dispatch_handler(id, std::move(handler));
+}
+
+void remove_dispatch_handler(OpId op) { set_dispatch_handler(RuleRegistry::id(op), {}); }
+
+void remove_dispatch_handler(const std::string& op) { set_dispatch_handler(rule_registry().id(op), {}); }
+
+}  // namespace tessera
