@@ -1,5 +1,7 @@
 #include <tessera/mpmd/microbatch.hpp>
 
+#include <algorithm>
+
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
 #include <tessera/runtime/runtime.hpp>
@@ -67,21 +69,50 @@ std::vector<DTensor> split_microbatches(const DTensor& x, int64_t dim, int64_t n
   return parts;
 }
 
+namespace {
+
+// The inputs microbatch splits: those `argnums` names (all when it is empty). ValueError for an
+// index out of range or named twice.
+std::vector<bool> split_flags(const std::vector<int64_t>& argnums, size_t inputs) {
+  std::vector<bool> split(inputs, argnums.empty());
+  for (int64_t a : argnums) {
+    TESSERA_CHECK(a >= 0 && a < static_cast<int64_t>(inputs), ValueError, "microbatch", "argnum ", a,
+                  " is out of range for ", inputs, " inputs");
+    TESSERA_CHECK(!split[static_cast<size_t>(a)], ValueError, "microbatch", "argnum ", a, " is named twice");
+    split[static_cast<size_t>(a)] = true;
+  }
+  return split;
+}
+
+}  // namespace
+
 DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& step, const std::vector<DTensor>& inputs,
                    int64_t dim, int64_t n, MicrobatchLoss loss) {
+  return microbatch(step, inputs, dim, n, std::vector<int64_t>{}, loss);
+}
+
+DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& step, const std::vector<DTensor>& inputs,
+                   int64_t dim, int64_t n, const std::vector<int64_t>& argnums, MicrobatchLoss loss) {
   TESSERA_CHECK(!inputs.empty(), ValueError, "microbatch", "no inputs to split");
-  const Layout& first = inputs.front().layout();
+  const std::vector<bool> split = split_flags(argnums, inputs.size());
+  const size_t reference = static_cast<size_t>(std::find(split.begin(), split.end(), true) - split.begin());
+  const Layout& first = inputs[reference].layout();
   const int64_t d = dim < 0 ? dim + first.ndim() : dim;
-  for (const DTensor& x : inputs) {
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (!split[k]) continue;
+    const DTensor& x = inputs[k];
     TESSERA_CHECK(x.defined() && d >= 0 && d < x.ndim() && x.layout().mesh() == first.mesh() &&
                       x.layout().piece_sizes(d) == first.piece_sizes(d) &&
                       x.layout().shard_order(d) == first.shard_order(d),
                   ShardingError, "microbatch", "every input needs the first input's layout along dim ", dim,
-                  " so their microbatches hold the same rows: ", first.to_string(), " and ",
+                  " (of the inputs it splits) so their microbatches hold the same rows: ", first.to_string(), " and ",
                   x.defined() ? x.layout().to_string() : "(undefined)");
   }
+  // Inputs not split (argnums leaves them out) are passed whole to every microbatch.
   std::vector<std::vector<DTensor>> slices;
-  for (const DTensor& x : inputs) slices.push_back(split_microbatches(x, d, n));
+  for (size_t k = 0; k < inputs.size(); ++k)
+    slices.push_back(split[k] ? split_microbatches(inputs[k], d, n)
+                              : std::vector<DTensor>(static_cast<size_t>(n), inputs[k]));
   const double rows = static_cast<double>(first.global_shape()[d]);
   DTensor total;
   // The gradients owed over the batch's ranks are reduced once, after the last microbatch.
@@ -89,13 +120,12 @@ DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& st
   for (int64_t i = 0; i < n; ++i) {
     std::vector<DTensor> args;
     for (const auto& s : slices) args.push_back(s[static_cast<size_t>(i)]);
-    if (args.front().shape()[d] == 0) continue;  // fewer rows than microbatches: nothing to add
-    const double share = loss == MicrobatchLoss::sum || rows == 0
-                             ? 1.0
-                             : static_cast<double>(args.front().shape()[d]) / rows;
+    const int64_t held = args[reference].shape()[d];
+    if (held == 0) continue;  // fewer rows than microbatches: nothing to add
+    const double share = loss == MicrobatchLoss::sum || rows == 0 ? 1.0 : static_cast<double>(held) / rows;
     const DTensor scaled = step(args) * Scalar(share);
     scaled.backward();
-    total = i == 0 ? scaled.detach() : total + scaled.detach();
+    total = total.defined() ? total + scaled.detach() : scaled.detach();
   }
   TESSERA_CHECK(total.defined(), ValueError, "microbatch", "the inputs have no rows along dim ", dim, " (",
                 first.to_string(), ")");
@@ -104,9 +134,15 @@ DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& st
 
 std::function<DTensor(const std::vector<DTensor>&)> microbatch(std::function<DTensor(const std::vector<DTensor>&)> step,
                                                                int64_t dim, int64_t n, MicrobatchLoss loss) {
+  return microbatch(std::move(step), dim, n, std::vector<int64_t>{}, loss);
+}
+
+std::function<DTensor(const std::vector<DTensor>&)> microbatch(std::function<DTensor(const std::vector<DTensor>&)> step,
+                                                               int64_t dim, int64_t n, std::vector<int64_t> argnums,
+                                                               MicrobatchLoss loss) {
   TESSERA_CHECK(n >= 1, ValueError, "microbatch", "n = ", n, " microbatches; need at least 1");
-  return [step = std::move(step), dim, n, loss](const std::vector<DTensor>& inputs) {
-    return microbatch(step, inputs, dim, n, loss);
+  return [step = std::move(step), dim, n, argnums = std::move(argnums), loss](const std::vector<DTensor>& inputs) {
+    return microbatch(step, inputs, dim, n, argnums, loss);
   };
 }
 

@@ -37,10 +37,23 @@ enum class MicrobatchLoss : uint8_t {
 DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& step, const std::vector<DTensor>& inputs,
                    int64_t dim, int64_t n, MicrobatchLoss loss = MicrobatchLoss::mean);
 
+/// microbatch over the inputs `argnums` names only (multimesh.jax's argnum): those are split
+/// along `dim` and must share their layout along it; the others (parameters, a mask) are passed
+/// whole to every microbatch, and their gradients accumulate over the microbatches too. An empty
+/// `argnums` splits every input. Throws ValueError for an index out of range or named twice.
+DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& step, const std::vector<DTensor>& inputs,
+                   int64_t dim, int64_t n, const std::vector<int64_t>& argnums,
+                   MicrobatchLoss loss = MicrobatchLoss::mean);
+
 /// multimesh.jax's form: microbatch(fn, dim, n) is the step unrolled over n microbatches, a
 /// function of the inputs (each call runs microbatch(fn, inputs, dim, n, loss)).
 std::function<DTensor(const std::vector<DTensor>&)> microbatch(std::function<DTensor(const std::vector<DTensor>&)> step,
                                                                int64_t dim, int64_t n,
+                                                               MicrobatchLoss loss = MicrobatchLoss::mean);
+/// microbatch(fn, dim, n, argnums): only the inputs `argnums` names are split.
+/// Example: `microbatch(step, 0, 4, {1})(params, batch)` splits `batch` into 4 and passes `params` whole.
+std::function<DTensor(const std::vector<DTensor>&)> microbatch(std::function<DTensor(const std::vector<DTensor>&)> step,
+                                                               int64_t dim, int64_t n, std::vector<int64_t> argnums,
                                                                MicrobatchLoss loss = MicrobatchLoss::mean);
 
 }  // namespace mpmd

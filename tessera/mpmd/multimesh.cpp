@@ -47,6 +47,13 @@ DeviceMesh world_mesh(std::vector<int64_t> shape, std::vector<std::string> names
   return DeviceMesh(std::move(shape), std::move(names));
 }
 
+// A MultiMesh's global mesh: over the world, or over the given devices.
+DeviceMesh global_mesh(std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int> devices) {
+  if (devices.empty()) return world_mesh(std::move(shape), std::move(names));
+  check_task_mesh("MultiMesh", devices, shape, names);
+  return DeviceMesh(std::move(shape), std::move(names), std::move(devices));
+}
+
 DeviceMesh task_mesh(const std::vector<int>& devices, std::vector<int64_t> shape, std::vector<std::string> names) {
   check_task_mesh("TaskMesh", devices, shape, names);
   return DeviceMesh(std::move(shape), std::move(names), devices);
@@ -58,8 +65,10 @@ int64_t axis_size(const DeviceMesh& mesh, std::string_view axis, const char* cal
 
 }  // namespace
 
-MultiMesh::MultiMesh(std::vector<int64_t> shape, std::vector<std::string> names)
-    : global_(world_mesh(std::move(shape), std::move(names))) {}
+MultiMesh::MultiMesh(std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int> devices)
+    : global_(global_mesh(std::move(shape), std::move(names), std::move(devices))) {}
+
+MultiMesh::MultiMesh(DeviceMesh global_mesh) : global_(std::move(global_mesh)) {}
 
 DeviceMesh MultiMesh::slice(const std::map<std::string, int64_t>& at) const {
   for (const auto& [axis, index] : at) {
@@ -80,12 +89,37 @@ std::vector<DeviceMesh> MultiMesh::split(std::string_view axis) const {
 TaskMesh::TaskMesh(std::vector<int> devices, std::vector<int64_t> shape, std::vector<std::string> names)
     : devices_(std::move(devices)), mesh_(task_mesh(devices_, std::move(shape), std::move(names))) {}
 
+TaskMesh::TaskMesh(std::vector<int> devices, const AbstractMesh& abstract)
+    : TaskMesh(std::move(devices), abstract.shape(), abstract.names()) {}
+
 TaskMesh TaskMesh::place(std::vector<int> devices) const {
+  const AbstractMesh axes = abstract();
+  check_task_mesh("TaskMesh::place", devices, axes.shape(), axes.names());
+  return TaskMesh(std::move(devices), axes);
+}
+
+AbstractMesh TaskMesh::abstract() const {
   const MeshSpec& spec = mesh_.spec();
   std::vector<int64_t> shape;
   for (int64_t d = 0; d < spec.ndim(); ++d) shape.push_back(spec.size(d));
-  check_task_mesh("TaskMesh::place", devices, shape, spec.names());
-  return TaskMesh(std::move(devices), std::move(shape), spec.names());
+  return AbstractMesh(std::move(shape), spec.names());
+}
+
+AbstractMesh::AbstractMesh(std::vector<int64_t> shape, std::vector<std::string> names)
+    : shape_(std::move(shape)), names_(std::move(names)) {
+  check_mesh("AbstractMesh", shape_, names_, static_cast<size_t>(size()), "");
+}
+
+int64_t AbstractMesh::size() const {
+  int64_t n = 1;
+  for (int64_t s : shape_) n *= s;
+  return n;
+}
+
+std::string AbstractMesh::to_string() const {
+  std::string text = "AbstractMesh[";
+  for (size_t i = 0; i < shape_.size(); ++i) text += (i ? ", " : "") + names_[i] + "=" + std::to_string(shape_[i]);
+  return text + "]";
 }
 
 }  // namespace tessera::mpmd

@@ -19,8 +19,14 @@ namespace mpmd {
 /// gives the dp x tp mesh of ranks 0-3. Construction is collective over the world.
 class MultiMesh {
  public:
-  /// Throws ShardingError as DeviceMesh(shape, names) (the shape must cover the world).
-  MultiMesh(std::vector<int64_t> shape, std::vector<std::string> names);
+  /// Without `devices`, the mesh covers the world in rank order (the shape must hold every
+  /// rank); with them (multimesh.jax's `devices` array, row-major over `shape`), it is the mesh
+  /// of those ranks, which may be part of the world. Throws ShardingError as DeviceMesh(shape,
+  /// names, ranks), naming MultiMesh.
+  MultiMesh(std::vector<int64_t> shape, std::vector<std::string> names, std::vector<int> devices = {});
+  /// Wraps an existing mesh as the global one (multimesh.jax's `global_mesh`): its axes, sizes
+  /// and ranks. No communication.
+  explicit MultiMesh(DeviceMesh global_mesh);
   /// The submesh at fixed coordinates of some axes: a mesh of the remaining axes over the ranks
   /// there. No communication, except the first time a set of two or more remaining axes (not
   /// all) is kept: then, as DeviceMesh::slice, collective over the global mesh's ranks (every
@@ -35,6 +41,27 @@ class MultiMesh {
   DeviceMesh global_;
 };
 
+/// Axis names and sizes without ranks (JAX's AbstractMesh): a TaskMesh's shape before it is
+/// placed on devices. Pure. Throws ShardingError naming AbstractMesh for a name count that is not
+/// the dim count, an empty or repeated name, or a size below 1.
+/// Example: `AbstractMesh stage({2, 2}, {"dp", "tp"}); TaskMesh first({0, 1, 2, 3}, stage), second({4, 5, 6, 7},
+/// stage);`
+class AbstractMesh {
+ public:
+  AbstractMesh(std::vector<int64_t> shape, std::vector<std::string> names);
+  const std::vector<int64_t>& shape() const { return shape_; }
+  const std::vector<std::string>& names() const { return names_; }
+  /// The product of the axis sizes: how many devices placing it takes.
+  int64_t size() const;
+  /// "AbstractMesh[dp=2, tp=2]".
+  std::string to_string() const;
+  friend bool operator==(const AbstractMesh&, const AbstractMesh&) = default;
+
+ private:
+  std::vector<int64_t> shape_;
+  std::vector<std::string> names_;
+};
+
 /// A mesh over an explicit list of world ranks ("devices"), row-major over `shape`, and the same
 /// axes placed on other ranks. Construction and place() are collective over the world.
 class TaskMesh {
@@ -42,8 +69,12 @@ class TaskMesh {
   /// Throws ShardingError for a device count that is not the shape's size, a rank outside the
   /// world or repeated, or bad names.
   TaskMesh(std::vector<int> devices, std::vector<int64_t> shape, std::vector<std::string> names);
+  /// The abstract mesh's axes over `devices` (multimesh.jax's TaskMesh(devices, abstract=...)).
+  TaskMesh(std::vector<int> devices, const AbstractMesh& abstract);
   /// The same shape and axis names over `devices`.
   TaskMesh place(std::vector<int> devices) const;
+  /// Its axes without its devices.
+  AbstractMesh abstract() const;
   const std::vector<int>& devices() const { return devices_; }
   const DeviceMesh& mesh() const { return mesh_; }
   operator const DeviceMesh&() const { return mesh_; }  // NOLINT: a TaskMesh is used as its mesh

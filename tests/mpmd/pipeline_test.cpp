@@ -348,6 +348,48 @@ TEST(Microbatch, AccumulatesTheUnsplitGradients) {
   });
 }
 
+// microbatch with argnums (multimesh.jax's argnum): only the named inputs are split; the weight,
+// passed as an input, goes whole to every microbatch and its gradient accumulates.
+TEST(Microbatch, ArgnumsSplitOnlyTheNamedInputs) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh = line_mesh();
+    const Tensor input = smooth({kBatch + 1, kWidth}, 0.5), target = smooth({kBatch + 1, kWidth}, 1.5);
+    const Tensor w = smooth({kWidth, kWidth}, 0.9), b = smooth({kWidth}, 0.4);
+    Tensor wr = w.clone().requires_grad_(), br = b.clone().requires_grad_();
+    const Tensor expected = mse_loss(reference_layer(input, wr, br, false), target);
+    expected.backward();
+    const auto step = [](const std::vector<DTensor>& in) { return mse_loss(layer(in[1], in[0], in[3], false), in[2]); };
+    for (int64_t n : {1, 2, 5}) {
+      // The weight is Replicate and the batch Shard(0): without argnums their layouts along dim 0
+      // differ and microbatch refuses them.
+      DTensor wd = distribute_tensor(w, mesh, {Replicate{}}).requires_grad_();
+      DTensor bd = distribute_tensor(b, mesh, {Replicate{}}).requires_grad_();
+      const DTensor xs = distribute_tensor(input, mesh, {Shard{0}}), ts = distribute_tensor(target, mesh, {Shard{0}});
+      const DTensor loss = microbatch(step, 0, n, {1, 2})({wd, xs, ts, bd});
+      EXPECT_NEAR(loss.full_tensor().item<double>(), expected.item<double>(), 1e-12) << n << " microbatches";
+      EXPECT_TRUE(allclose(wd.grad().full_tensor(), wr.grad(), 1e-12, 1e-13)) << n << " microbatches";
+      EXPECT_TRUE(allclose(bd.grad().full_tensor(), br.grad(), 1e-12, 1e-13)) << n << " microbatches";
+    }
+    const DTensor wd = distribute_tensor(w, mesh, {Replicate{}}), bd = distribute_tensor(b, mesh, {Replicate{}});
+    const DTensor xs = distribute_tensor(input, mesh, {Shard{0}}), ts = distribute_tensor(target, mesh, {Shard{0}});
+    EXPECT_TRUE(sharding_error(
+        [&] {
+          microbatch(step, {wd, xs, ts, bd}, 0, 2);
+        },
+        {"[microbatch]", "every input needs the first input's layout along dim 0"}));
+    EXPECT_TRUE(value_error(
+        [&] {
+          microbatch(step, {wd, xs, ts, bd}, 0, 2, {1, 4});
+        },
+        {"[microbatch]", "argnum 4 is out of range for 4 inputs"}));
+    EXPECT_TRUE(value_error(
+        [&] {
+          microbatch(step, {wd, xs, ts, bd}, 0, 2, {2, 2});
+        },
+        {"[microbatch]", "argnum 2 is named twice"}));
+  });
+}
+
 // Stages on meshes of different shapes and sizes: the boundary moves each destination block's
 // pieces from the source ranks holding them (dp 2 x tp 2 -> dp 2 -> a single rank), and a rank
 // in no stage only learns the loss.

@@ -53,6 +53,56 @@ TEST(TaskMesh, DevicesAndPlace) {
   });
 }
 
+// multimesh.jax's other constructors: MultiMesh over an explicit devices array (part of the
+// world) or wrapping an existing mesh; TaskMesh from an abstract mesh (axes, no ranks).
+TEST(MultiMesh, FromDevicesOrAnExistingMesh) {
+  for_each_world({4, 6}, [] {
+    const int n = world_size();
+    if (n < 4) return;  // mpirun -np 2
+    // The last four ranks, in reverse, as a 2 x 2 global mesh: slices follow the devices array.
+    const std::vector<int> devices = {n - 1, n - 2, n - 3, n - 4};
+    const MultiMesh mm({2, 2}, {"pp", "dp"}, devices);
+    EXPECT_EQ(mm.global().spec().ranks(), devices);
+    EXPECT_EQ(mm.global().is_member(), rank() >= n - 4);
+    EXPECT_EQ(mm.slice({{"pp", 1}}).spec().ranks(), (std::vector<int>{n - 3, n - 4}));
+    // A task on a slice runs there only, and its result equals the unsharded one.
+    const Tensor a = data({5, 3}, 3);
+    const DeviceMesh stage = mm.slice({{"pp", 0}});
+    const Task twice =
+        task("twice", stage, [](const std::vector<DTensor>& in) { return std::vector<DTensor>{in[0] * Scalar(2.0)}; });
+    const DTensor y = twice({distribute_tensor(a, stage, {Shard{0}})})[0];
+    if (stage.is_member()) EXPECT_TRUE(same(y.full_tensor(), mul(a, Scalar(2.0))));
+    // Wrapping an existing mesh: its axes and ranks, sliced alike.
+    const DeviceMesh grid({2, n / 2}, {"a", "b"});
+    const MultiMesh wrapped(grid);
+    EXPECT_TRUE(wrapped.global().spec() == grid.spec());
+    EXPECT_EQ(wrapped.slice({{"a", 1}}).spec().ranks(), grid.slice({{"a", 1}}).spec().ranks());
+    EXPECT_TRUE(sharding_error(
+        [&] {
+          MultiMesh({2, 2}, {"pp", "dp"}, {0, 1, 2});
+        },
+        {"[MultiMesh]", "shape [2, 2] holds 4 ranks but 3 devices were given"}));
+    EXPECT_TRUE(sharding_error([&] { MultiMesh({2}, {"pp"}, {0, n}); }, {"[MultiMesh]", "is not a rank of the world"}));
+  });
+}
+
+TEST(TaskMesh, FromAnAbstractMesh) {
+  for_each_world({4}, [] {
+    if (world_size() < 4) return;
+    const AbstractMesh axes({2}, {"dp"});
+    EXPECT_EQ(axes.size(), 2);
+    EXPECT_EQ(axes.to_string(), "AbstractMesh[dp=2]");
+    const TaskMesh first({0, 1}, axes), second({2, 3}, axes);
+    EXPECT_EQ(second.mesh().spec().ranks(), (std::vector<int>{2, 3}));
+    EXPECT_EQ(second.mesh().spec().names(), (std::vector<std::string>{"dp"}));
+    EXPECT_EQ(first.abstract(), axes);
+    EXPECT_EQ(first.place({3, 1}).abstract(), axes);
+    EXPECT_TRUE(sharding_error([] { AbstractMesh({2, 0}, {"a", "b"}); }, {"[AbstractMesh]", "axis 'b'", "has size 0"}));
+    EXPECT_TRUE(sharding_error([] { AbstractMesh({2}, {"a", "b"}); }, {"[AbstractMesh]", "2 axis names"}));
+    EXPECT_TRUE(sharding_error([&] { TaskMesh({0, 1, 2}, axes); }, {"[TaskMesh]", "holds 2 ranks but 3 devices"}));
+  });
+}
+
 // Two tasks on disjoint halves, a third on an overlapping mesh reading both: inputs move in,
 // each task runs only where its mesh is, and the result equals the unsharded computation.
 TEST(Task, DisjointAndOverlappingSubmeshes) {
