@@ -147,7 +147,15 @@ DTensor Module::use(const std::string& name) const {
   return s.value.redistribute(mesh_, *s.compute);
 }
 
-DTensor Module::prepare_input(const DTensor& x) const { return moved(x, input_placements_); }
-DTensor Module::finish_output(const DTensor& y) const { return moved(y, output_placements_); }
+// The hooks take the module as PyTorch's do; forward is const only because it changes no
+// parameter, so the module itself is not a constant object.
+DTensor Module::prepare_input(const DTensor& x) const {
+  const DTensor in = input_hook_ ? input_hook_(const_cast<Module&>(*this), x, mesh_) : x;
+  return moved(in, input_placements_);
+}
+DTensor Module::finish_output(const DTensor& y) const {
+  const DTensor out = moved(y, output_placements_);
+  return output_hook_ ? output_hook_(const_cast<Module&>(*this), out, mesh_) : out;
+}
 
 }  // namespace tessera::nn

@@ -4,6 +4,7 @@
 // gradient lands) and a compute layout (what forward uses): they differ under fully_shard, where
 // forward all-gathers the parameter (differentiably: its gradient is reduce-scattered).
 // Parallel styles (nn/parallel.hpp) also set per-module input/output placements.
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,6 +60,11 @@ class Module {
   /// Per mesh dim, the placement forward's input / output is moved to (nullopt: left as it comes).
   void set_input_placement(int64_t mesh_dim, Placement placement);
   void set_output_placement(int64_t mesh_dim, Placement placement);
+  /// Functions forward applies to its input before and to its output after the placements above
+  /// (distribute_module's input_fn and output_fn, PyTorch's forward pre- and post-hooks).
+  using InputHook = std::function<DTensor(Module& module, const DTensor& input, const DeviceMesh& mesh)>;
+  void set_input_hook(InputHook hook) { input_hook_ = std::move(hook); }
+  void set_output_hook(InputHook hook) { output_hook_ = std::move(hook); }
 
  protected:
   /// Registers a parameter (made a leaf that requires a gradient) and returns it.
@@ -91,6 +97,7 @@ class Module {
   std::vector<std::unique_ptr<Slot>> params_;  // unique_ptr: pointers handed out stay valid
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<std::optional<Placement>> input_placements_, output_placements_;
+  InputHook input_hook_, output_hook_;
 };
 
 }  // namespace nn

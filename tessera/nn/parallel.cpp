@@ -84,6 +84,17 @@ bool path_matches(const std::string& pattern, const std::string& path) {
   }
 }
 
+void distribute_module(Module& module, const DeviceMesh& mesh, PartitionFn partition_fn, Module::InputHook input_fn,
+                       Module::InputHook output_fn) {
+  TESSERA_CHECK(mesh.spec() == module.mesh().spec(), ValueError, "distribute_module", "the module lives on ",
+                module.mesh().to_string(), " but the mesh given is ", mesh.to_string(),
+                "; a module's parameters are on the mesh it was built on");
+  if (partition_fn)
+    for (auto& [path, submodule] : module.named_modules()) partition_fn(path, *submodule, mesh);
+  if (input_fn) module.set_input_hook(std::move(input_fn));
+  if (output_fn) module.set_output_hook(std::move(output_fn));
+}
+
 void parallelize_module(Module& module, const std::string& axis, const std::map<std::string, ParallelStyle>& plan) {
   const int64_t m = axis_index(module.mesh(), axis);
   const auto modules = module.named_modules();

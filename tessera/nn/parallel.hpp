@@ -1,6 +1,7 @@
 #pragma once
 // Parallel styles (torch.distributed.tensor.parallel) and fully_shard (FSDP2), composable on a
 // 2-d mesh: tensor parallel over one axis, data parallel (replicated or fully sharded) over another.
+#include <functional>
 #include <map>
 #include <string>
 #include <variant>
@@ -39,6 +40,19 @@ bool path_matches(const std::string& pattern, const std::string& path);
 /// ("blocks.*.attn.q"). Throws ValueError for a path that matches nothing or a style on a module
 /// it does not fit. Every rank calls it (parameters move).
 void parallelize_module(Module& module, const std::string& axis, const std::map<std::string, ParallelStyle>& plan);
+
+/// PyTorch's distribute_module: `partition_fn(path, submodule, mesh)` runs on every submodule,
+/// depth first from the module itself (path ""), and may lay its parameters out
+/// (Module::set_parameter_layout); without one, parameters keep their layouts (replicated unless
+/// a parallel style moved them). `input_fn(module, input, mesh)` and `output_fn(module, output,
+/// mesh)` become the module's forward hooks (Module::set_input_hook / set_output_hook): they run
+/// on the input before forward and on its output after (in the built-in layers' forward, and in a
+/// user module's that passes its input through prepare_input and its output through
+/// finish_output). Every rank calls it (parameters move).
+/// Throws ValueError naming both meshes when `mesh` is not the module's.
+using PartitionFn = std::function<void(const std::string& path, Module& module, const DeviceMesh& mesh)>;
+void distribute_module(Module& module, const DeviceMesh& mesh, PartitionFn partition_fn = {},
+                       Module::InputHook input_fn = {}, Module::InputHook output_fn = {});
 
 /// The Megatron plan for TransformerLM (nn/layers.hpp): q/k/v and fc1 column-parallel, o and
 /// fc2 row-parallel, the token embedding vocabulary-parallel, the output head column-parallel

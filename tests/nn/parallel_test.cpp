@@ -5,6 +5,7 @@
 // AdamW steps with clipping, the same parameters. Sizes divide unevenly on purpose.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 
 #include <tessera/debug/comm_debug_mode.hpp>
@@ -191,5 +192,65 @@ TEST(ParallelTraining, Errors) {
                                         {"[parallelize_module]", "'pp'"}));
     EXPECT_TRUE(throws_with<ValueError>([&] { nn::MultiheadAttention(mesh, 10, 3); }, {"[MultiheadAttention]", "10", "3"}));
     EXPECT_TRUE(throws_with<ValueError>([&] { (void)model.submodule("blocks.9"); }, {"[Module::submodule]", "blocks.9"}));
+  });
+}
+
+// PyTorch's distribute_module: partition_fn lays out each submodule's parameters (here fc1
+// column-wise and fc2 row-wise, by hand), input_fn and output_fn wrap forward. The result and
+// the gradients equal the module's with every parameter replicated.
+TEST(DistributeModule, PartitionFnAndForwardHooks) {
+  for_each_world({2, 3}, [] {
+    const DeviceMesh mesh({world_size()}, {"tp"});
+    manual_seed(3);
+    nn::MLP reference(mesh, 6, 10);
+    manual_seed(3);
+    nn::MLP model(mesh, 6, 10);
+    std::vector<std::string> visited;
+    int inputs = 0, outputs = 0;
+    nn::distribute_module(
+        model, mesh,
+        [&](const std::string& path, nn::Module& module, const DeviceMesh& m) {
+          visited.push_back(path);
+          if (path == "fc1") {
+            module.set_parameter_layout("weight", module.parameter("weight").layout().with_placements({Shard{0}}));
+            module.set_parameter_layout("bias", module.parameter("bias").layout().with_placements({Shard{0}}));
+          } else if (path == "fc2") {
+            module.set_parameter_layout("weight", module.parameter("weight").layout().with_placements({Shard{1}}));
+          }
+          EXPECT_TRUE(m.spec() == mesh.spec());
+        },
+        [&](nn::Module&, const DTensor& x, const DeviceMesh& m) {
+          ++inputs;
+          return x.redistribute(m, {Replicate{}});  // the batch comes sharded; the layers take it whole
+        },
+        [&](nn::Module&, const DTensor& y, const DeviceMesh& m) {
+          ++outputs;
+          return y.redistribute(m, {Shard{0}});  // hand the rows back sharded
+        });
+    EXPECT_EQ(visited, (std::vector<std::string>{"", "fc1", "fc2"}));
+    EXPECT_EQ(model.submodule("fc1").parameter("weight").placements(), (Placements{Shard{0}}));
+    EXPECT_EQ(model.submodule("fc2").parameter("weight").placements(), (Placements{Shard{1}}));
+
+    std::vector<float> values(30);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(std::sin(0.7 * static_cast<double>(i)));
+    const Tensor x = from_vector(values, {5, 6});
+    const DTensor expected = reference.forward(distribute_tensor(x, mesh, {Replicate{}}));
+    const DTensor got = model.forward(distribute_tensor(x, mesh, {Shard{0}}));
+    EXPECT_EQ(inputs, 1);
+    EXPECT_EQ(outputs, 1);
+    EXPECT_EQ(got.placements(), (Placements{Shard{0}}));
+    EXPECT_TRUE(allclose(got.full_tensor(), expected.full_tensor(), 1e-5, 1e-6));
+    sum(mul(got, got)).backward();
+    sum(mul(expected, expected)).backward();
+    const auto params = model.named_parameters(), ref_params = reference.named_parameters();
+    ASSERT_EQ(params.size(), ref_params.size());
+    for (size_t i = 0; i < params.size(); ++i)
+      EXPECT_TRUE(
+          allclose(params[i].second->grad().full_tensor(), ref_params[i].second->grad().full_tensor(), 1e-4, 1e-5))
+          << params[i].first;
+
+    const DeviceMesh other({world_size()}, {"dp"});
+    EXPECT_TRUE(value_error([&] { nn::distribute_module(model, other); },
+                            {"[distribute_module]", "the module lives on mesh[tp=", "the mesh given is mesh[dp="}));
   });
 }
