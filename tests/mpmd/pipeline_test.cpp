@@ -296,15 +296,23 @@ TEST(Pipeline, InterleavedScheduleShape) {
       }
 }
 
+// One layer's step on a batch of kBatch + 1 rows, unsplit on one rank: the loss and the gradients
+// of w and b (wr, br) that microbatching must reproduce.
+struct UnsplitStep {
+  Tensor input = smooth({kBatch + 1, kWidth}, 0.5), target = smooth({kBatch + 1, kWidth}, 1.5);
+  Tensor w = smooth({kWidth, kWidth}, 0.9), b = smooth({kWidth}, 0.4);
+  Tensor wr = w.clone().requires_grad_(), br = b.clone().requires_grad_();
+  Tensor loss = mse_loss(reference_layer(input, wr, br, false), target);
+  UnsplitStep() { loss.backward(); }
+};
+
 // microbatch: the step's gradients and loss equal the unsplit step's on a dp-sharded batch.
 TEST(Microbatch, AccumulatesTheUnsplitGradients) {
   for_each_world({2, 3}, [] {
     const DeviceMesh mesh = line_mesh();
-    const Tensor input = smooth({kBatch + 1, kWidth}, 0.5), target = smooth({kBatch + 1, kWidth}, 1.5);
-    const Tensor w = smooth({kWidth, kWidth}, 0.9), b = smooth({kWidth}, 0.4);
-    Tensor wr = w.clone().requires_grad_(), br = b.clone().requires_grad_();
-    const Tensor expected = mse_loss(reference_layer(input, wr, br, false), target);
-    expected.backward();
+    const UnsplitStep ref;
+    const Tensor &input = ref.input, &target = ref.target, &w = ref.w, &b = ref.b, &wr = ref.wr, &br = ref.br;
+    const Tensor& expected = ref.loss;
     for (int64_t n : {1, 2, 3, 5}) {
       DTensor wd = distribute_tensor(w, mesh, {Replicate{}}).requires_grad_();
       DTensor bd = distribute_tensor(b, mesh, {Replicate{}}).requires_grad_();
@@ -353,11 +361,9 @@ TEST(Microbatch, AccumulatesTheUnsplitGradients) {
 TEST(Microbatch, ArgnumsSplitOnlyTheNamedInputs) {
   for_each_world({2, 3}, [] {
     const DeviceMesh mesh = line_mesh();
-    const Tensor input = smooth({kBatch + 1, kWidth}, 0.5), target = smooth({kBatch + 1, kWidth}, 1.5);
-    const Tensor w = smooth({kWidth, kWidth}, 0.9), b = smooth({kWidth}, 0.4);
-    Tensor wr = w.clone().requires_grad_(), br = b.clone().requires_grad_();
-    const Tensor expected = mse_loss(reference_layer(input, wr, br, false), target);
-    expected.backward();
+    const UnsplitStep ref;
+    const Tensor &input = ref.input, &target = ref.target, &w = ref.w, &b = ref.b, &wr = ref.wr, &br = ref.br;
+    const Tensor& expected = ref.loss;
     const auto step = [](const std::vector<DTensor>& in) { return mse_loss(layer(in[1], in[0], in[3], false), in[2]); };
     for (int64_t n : {1, 2, 5}) {
       // The weight is Replicate and the batch Shard(0): without argnums their layouts along dim 0

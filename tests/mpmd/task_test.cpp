@@ -71,7 +71,9 @@ TEST(MultiMesh, FromDevicesOrAnExistingMesh) {
     const Task twice =
         task("twice", stage, [](const std::vector<DTensor>& in) { return std::vector<DTensor>{in[0] * Scalar(2.0)}; });
     const DTensor y = twice({distribute_tensor(a, stage, {Shard{0}})})[0];
-    if (stage.is_member()) EXPECT_TRUE(same(y.full_tensor(), mul(a, Scalar(2.0))));
+    if (stage.is_member()) {
+      EXPECT_TRUE(same(y.full_tensor(), mul(a, Scalar(2.0))));
+    }
     // Wrapping an existing mesh: its axes and ranks, sliced alike.
     const DeviceMesh grid({2, n / 2}, {"a", "b"});
     const MultiMesh wrapped(grid);
