@@ -79,12 +79,13 @@ std::optional<DTensor> run_dispatch_handler(int op, std::span<const DTensor* con
   } scope(op);
   const autograd::NoGradGuard no_grad;
   DTensor out = (*handler)(given, args);
-  const std::string name = rule_registry().name(op);
+  // The op's name only for a message: TESSERA_CHECK builds it on failure alone.
+  const auto name = [op] { return rule_registry().name(op); };
   const DeviceMesh& mesh = inputs.front()->device_mesh();
-  TESSERA_CHECK(out.device_mesh().size() > 0, ShardingError, name, "the dispatch handler of '", name,
+  TESSERA_CHECK(out.device_mesh().size() > 0, ShardingError, name(), "the dispatch handler of '", name(),
                 "' returned an undefined DTensor for inputs ", inputs.front()->layout().to_string(),
                 inputs.size() > 1 ? " and more" : "");
-  TESSERA_CHECK(out.layout().mesh() == mesh.spec(), ShardingError, name, "the dispatch handler of '", name,
+  TESSERA_CHECK(out.layout().mesh() == mesh.spec(), ShardingError, name(), "the dispatch handler of '", name(),
                 "' returned a DTensor on ", out.device_mesh().to_string(), "; its inputs live on ", mesh.to_string());
   return out;
 }

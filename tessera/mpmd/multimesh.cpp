@@ -110,11 +110,7 @@ AbstractMesh::AbstractMesh(std::vector<int64_t> shape, std::vector<std::string> 
   check_mesh("AbstractMesh", shape_, names_, static_cast<size_t>(size()), "");
 }
 
-int64_t AbstractMesh::size() const {
-  int64_t n = 1;
-  for (int64_t s : shape_) n *= s;
-  return n;
-}
+int64_t AbstractMesh::size() const { return Shape(shape_).numel(); }
 
 std::string AbstractMesh::to_string() const {
   std::string text = "AbstractMesh[";
