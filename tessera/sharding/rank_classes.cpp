@@ -9,6 +9,15 @@ namespace tessera::detail {
 
 namespace {
 
+// The layouts a class of ranks is found for. The planner asks for classes hundreds of times per
+// plan, so nothing here allocates per call beyond a few small inline vectors.
+struct Layouts {
+  const Layout* const* first;
+  size_t count;
+  const Layout* const* begin() const { return first; }
+  const Layout* const* end() const { return first + count; }
+};
+
 // Where a mesh dim splits a tensor dim in one layout.
 struct Appearance {
   const Layout* layout;
@@ -16,26 +25,70 @@ struct Appearance {
   size_t level;  // index in the dim's shard order
 };
 
+// Where each mesh dim splits a tensor dim in each layout (at most once per layout: a mesh dim
+// shards one tensor dim): found once per enumeration by scanning the shard orders, then read
+// per mesh dim.
+class Appearances {
+ public:
+  Appearances(const Layouts& layouts, int64_t mesh_ndim)
+      : layouts_(layouts),
+        nm_(mesh_ndim),
+        where_(DimVector::filled(static_cast<int64_t>(layouts.count) * mesh_ndim, -1)) {
+    for (size_t l = 0; l < layouts.count; ++l)
+      for (int64_t d = 0; d < layouts.first[l]->ndim(); ++d) {
+        const auto& order = layouts.first[l]->shard_order(d);
+        for (size_t t = 0; t < order.size(); ++t)
+          where_[static_cast<int64_t>(l) * nm_ + order[t]] = d * kLevels + static_cast<int64_t>(t);
+      }
+  }
+
+  // Calls f(appearance) for every place mesh dim m splits a tensor dim in one of the layouts.
+  template <class F>
+  void each(int64_t m, F&& f) const {
+    for (size_t l = 0; l < layouts_.count; ++l)
+      if (const int64_t w = where_[static_cast<int64_t>(l) * nm_ + m]; w >= 0)
+        f(Appearance{layouts_.first[l], w / kLevels, static_cast<size_t>(w % kLevels)});
+  }
+
+  bool any(int64_t m) const {
+    for (size_t l = 0; l < layouts_.count; ++l)
+      if (where_[static_cast<int64_t>(l) * nm_ + m] >= 0) return true;
+    return false;
+  }
+
+  const Layouts& layouts() const { return layouts_; }
+
+ private:
+  static constexpr int64_t kLevels = 1 << 16;  // more than any shard order's length
+  Layouts layouts_;
+  int64_t nm_;
+  DimVector where_;  // per (layout, mesh dim): dim * kLevels + level, or -1
+};
+
 // A mesh dim's coordinates are enumerated as runs (compressed) when, for every tensor dim it
 // splits in some layout, every layout either splits that dim the same way down to it (same
 // mesh dims before it, at the same level, chunk semantics) or splits it no deeper than its
 // parent (its block there then contains the runs' chunks). Else coordinate by coordinate.
-bool compressible(int64_t m, const std::vector<Appearance>& appearances, const std::vector<const Layout*>& layouts) {
-  for (const Appearance& a : appearances) {
-    if (a.layout->has_explicit_sizes(a.dim)) return false;
+bool compressible(int64_t m, const Appearances& appearances) {
+  bool ok = true;
+  appearances.each(m, [&](const Appearance& a) {
+    if (!ok || a.layout->has_explicit_sizes(a.dim)) {
+      ok = false;
+      return;
+    }
     const auto& order = a.layout->shard_order(a.dim);
-    for (const Layout* other : layouts) {
+    for (const Layout* other : appearances.layouts()) {
       const auto& theirs = other->shard_order(a.dim);
       if (theirs.empty()) continue;
-      if (other->has_explicit_sizes(a.dim)) return false;
+      if (other->has_explicit_sizes(a.dim)) ok = false;
       const bool splits_by_m = std::find(theirs.begin(), theirs.end(), m) != theirs.end();
       const size_t common = splits_by_m ? a.level + 1 : theirs.size();
-      if (splits_by_m ? theirs.size() < common : theirs.size() > a.level) return false;
-      if (!std::equal(theirs.begin(), theirs.begin() + static_cast<std::ptrdiff_t>(common), order.begin()))
-        return false;
+      if (splits_by_m ? theirs.size() < common : theirs.size() > a.level) ok = false;
+      if (ok && !std::equal(theirs.begin(), theirs.begin() + static_cast<std::ptrdiff_t>(common), order.begin()))
+        ok = false;
     }
-  }
-  return true;
+  });
+  return ok;
 }
 
 // Length of the parent piece of level `level` of tensor dim `dim` at the coordinates chosen so
@@ -53,82 +106,77 @@ int64_t parent_length(const Layout& layout, int64_t dim, size_t level, const std
   return length;
 }
 
+enum Mode : int64_t { kUnused = 0, kRuns = 1, kEvery = 2 };
+
 struct Plan {
-  std::vector<int64_t> order;                        // mesh dims in enumeration order
-  std::vector<int> mode;                             // per mesh dim: 0 unused, 1 runs, 2 every coordinate
-  std::vector<std::vector<Appearance>> appearances;  // per mesh dim
-  bool sample = false;                               // mode 2: a few coordinates only
+  Appearances appearances;
+  DimVector order;      // mesh dims in enumeration order
+  DimVector mode;       // per mesh dim: a Mode
+  bool sample = false;  // kEvery: a few coordinates only
 };
 
-Plan enumeration_plan(const MeshSpec& mesh, const std::vector<const Layout*>& layouts, const std::vector<bool>& varying) {
+Plan enumeration_plan(const MeshSpec& mesh, const Layouts& layouts, const std::vector<bool>& varying) {
   const int64_t nm = mesh.ndim();
-  Plan plan;
-  plan.mode.assign(static_cast<size_t>(nm), 0);
-  plan.appearances.resize(static_cast<size_t>(nm));
-  for (const Layout* layout : layouts)
-    for (int64_t d = 0; d < layout->ndim(); ++d) {
-      const auto& order = layout->shard_order(d);
-      for (size_t t = 0; t < order.size(); ++t) plan.appearances[static_cast<size_t>(order[t])].push_back({layout, d, t});
-    }
+  Plan plan{Appearances(layouts, nm), {}, DimVector::filled(nm, kUnused)};
   for (int64_t m = 0; m < nm; ++m) {
-    const auto& seen = plan.appearances[static_cast<size_t>(m)];
-    if (seen.empty() || mesh.shape()[m] == 1) continue;
-    if (!varying.empty() && !varying[static_cast<size_t>(m)]) continue;
-    plan.mode[static_cast<size_t>(m)] = compressible(m, seen, layouts) ? 1 : 2;
+    if (mesh.shape()[m] == 1 || (!varying.empty() && !varying[static_cast<size_t>(m)])) continue;
+    if (plan.appearances.any(m)) plan.mode[m] = compressible(m, plan.appearances) ? kRuns : kEvery;
   }
   // Coordinates first for the mesh dims listed one by one and the unused ones; then each mesh dim
   // in runs once the mesh dims above it in every order it appears in are chosen. A cycle (two
   // layouts nesting two mesh dims in opposite orders on different tensor dims) falls back to
   // every coordinate.
-  std::vector<bool> chosen(static_cast<size_t>(nm), false);
+  DimVector chosen = DimVector::filled(nm, 0);
   for (int64_t m = 0; m < nm; ++m)
-    if (plan.mode[static_cast<size_t>(m)] != 1) {
+    if (plan.mode[m] != kRuns) {
       plan.order.push_back(m);
-      chosen[static_cast<size_t>(m)] = true;
+      chosen[m] = 1;
     }
   for (bool progress = true; progress;) {
     progress = false;
     for (int64_t m = 0; m < nm; ++m) {
-      if (chosen[static_cast<size_t>(m)]) continue;
+      if (chosen[m]) continue;
       bool ready = true;
-      for (const Appearance& a : plan.appearances[static_cast<size_t>(m)]) {
+      plan.appearances.each(m, [&](const Appearance& a) {
         const auto& order = a.layout->shard_order(a.dim);
-        for (size_t t = 0; t < a.level; ++t) ready = ready && chosen[static_cast<size_t>(order[t])];
-      }
+        for (size_t t = 0; t < a.level; ++t) ready = ready && chosen[order[t]];
+      });
       if (!ready) continue;
       plan.order.push_back(m);
-      chosen[static_cast<size_t>(m)] = true;
+      chosen[m] = 1;
       progress = true;
     }
   }
   for (int64_t m = 0; m < nm; ++m)
-    if (!chosen[static_cast<size_t>(m)]) {
-      plan.mode[static_cast<size_t>(m)] = 2;
+    if (!chosen[m]) {
+      plan.mode[m] = kEvery;
       plan.order.push_back(m);
     }
   return plan;
 }
 
-// The coordinates a plan lists one by one (the product of its mode-2 dims' sizes), at most cap + 1.
+// The coordinates a plan lists one by one (the product of its kEvery dims' sizes), at most cap + 1.
 int64_t listed(const MeshSpec& mesh, const Plan& plan, int64_t cap) {
   int64_t count = 1;
   for (int64_t m = 0; m < mesh.ndim(); ++m)
-    if (plan.mode[static_cast<size_t>(m)] == 2) count = std::min(count * mesh.shape()[m], cap + 1);
+    if (plan.mode[m] == kEvery) count = std::min(count * mesh.shape()[m], cap + 1);
   return count;
 }
 
+using Visit = std::function<bool(const std::vector<int64_t>&, int64_t)>;
+
 // Returns false once visit did (stop).
-bool enumerate(const MeshSpec& mesh, const Plan& plan, size_t at, std::vector<int64_t>& coordinate, int64_t count,
-               const std::function<bool(const std::vector<int64_t>&, int64_t)>& visit) {
+bool enumerate(const MeshSpec& mesh, const Plan& plan, int64_t at, std::vector<int64_t>& coordinate, int64_t count,
+               const Visit& visit) {
   if (at == plan.order.size()) return visit(coordinate, count);
   const int64_t m = plan.order[at];
   const auto i = static_cast<size_t>(m);
   const int64_t k = mesh.shape()[m];
-  if (plan.mode[i] == 0) {
+  if (plan.mode[m] == kUnused) {
     coordinate[i] = 0;
     return enumerate(mesh, plan, at + 1, coordinate, count * k, visit);
   }
-  if (plan.mode[i] == 2) {
+  if (plan.mode[m] == kEvery) {
     if (plan.sample && k > 4) {  // both ends and the middle, each one rank's coordinate
       for (int64_t v : {int64_t{0}, int64_t{1}, k / 2, k - 1}) {
         coordinate[i] = v;
@@ -143,28 +191,25 @@ bool enumerate(const MeshSpec& mesh, const Plan& plan, size_t at, std::vector<in
     return true;
   }
   // Runs: the chunks of equal length at every place the mesh dim splits a tensor dim.
-  std::vector<int64_t> cuts{0, k};
-  for (const Appearance& a : plan.appearances[i]) {
+  DimVector cuts{0, k};
+  plan.appearances.each(m, [&](const Appearance& a) {
     const int64_t length = parent_length(*a.layout, a.dim, a.level, coordinate);
     const int64_t c = (length + k - 1) / k;
     const int64_t full = c > 0 ? length / c : 0;
     cuts.push_back(std::min(full, k));
     cuts.push_back(std::min(full + (c > 0 && length % c != 0 ? 1 : 0), k));
-  }
+  });
   std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  for (size_t r = 0; r + 1 < cuts.size(); ++r) {
-    coordinate[i] = cuts[r];
-    if (!enumerate(mesh, plan, at + 1, coordinate, count * (cuts[r + 1] - cuts[r]), visit)) return false;
+  const int64_t* last = std::unique(cuts.begin(), cuts.end());
+  for (const int64_t* r = cuts.begin(); r + 1 < last; ++r) {
+    coordinate[i] = *r;
+    if (!enumerate(mesh, plan, at + 1, coordinate, count * (r[1] - *r), visit)) return false;
   }
   return true;
 }
 
-}  // namespace
-
-bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
-                               const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit,
-                               bool sample, const std::vector<bool>& varying) {
+bool classes_until(const MeshSpec& mesh, const Layouts& layouts, const Visit& visit, bool sample,
+                   const std::vector<bool>& varying) {
   for (const Layout* layout : layouts)
     TESSERA_ASSERT(layout->mesh() == mesh, "rank classes of layouts on another mesh: ", layout->to_string(), " vs ",
                    mesh.to_string());
@@ -177,23 +222,67 @@ bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Lay
   return enumerate(mesh, plan, 0, coordinate, 1, visit);
 }
 
-int64_t listed_coordinates(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
+Layouts of(const std::vector<const Layout*>& layouts) { return {layouts.data(), layouts.size()}; }
+Layouts of(std::initializer_list<const Layout*> layouts) { return {layouts.begin(), layouts.size()}; }
+
+}  // namespace
+
+bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts, const Visit& visit,
+                               bool sample, const std::vector<bool>& varying) {
+  return classes_until(mesh, of(layouts), visit, sample, varying);
+}
+
+bool for_each_rank_class_until(const MeshSpec& mesh, std::initializer_list<const Layout*> layouts, const Visit& visit,
+                               bool sample, const std::vector<bool>& varying) {
+  return classes_until(mesh, of(layouts), visit, sample, varying);
+}
+
+int64_t listed_coordinates(const MeshSpec& mesh, std::initializer_list<const Layout*> layouts,
                            const std::vector<bool>& varying, int64_t cap) {
-  return listed(mesh, enumeration_plan(mesh, layouts, varying), cap);
+  return listed(mesh, enumeration_plan(mesh, of(layouts), varying), cap);
 }
 
 void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
                          const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit) {
-  for_each_rank_class_until(mesh, layouts, [&](const std::vector<int64_t>& c, int64_t count) {
+  const auto until = [&](const std::vector<int64_t>& c, int64_t count) {
     visit(c, count);
     return true;
-  });
+  };
+  classes_until(mesh, of(layouts), std::ref(until), false, {});
+}
+
+void for_each_rank_class(const MeshSpec& mesh, std::initializer_list<const Layout*> layouts,
+                         const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit) {
+  const auto until = [&](const std::vector<int64_t>& c, int64_t count) {
+    visit(c, count);
+    return true;
+  };
+  classes_until(mesh, of(layouts), std::ref(until), false, {});
 }
 
 std::pair<int64_t, int64_t> dim_range(const Layout& layout, int64_t dim, const std::vector<int64_t>& coordinate) {
   const auto& order = layout.shard_order(dim);
-  if (order.empty()) return {0, layout.global_shape()[dim]};
-  return layout.piece_range(dim, piece_of(layout.mesh(), order, coordinate));
+  const int64_t size = layout.global_shape()[dim];
+  if (order.empty()) return {0, size};
+  if (layout.has_explicit_sizes(dim)) return layout.piece_range(dim, piece_of(layout.mesh(), order, coordinate));
+  // Chunk pieces, as Layout::piece_range finds them, but the digit of each level is the
+  // coordinate itself: the planner asks this per class of ranks (thousands of times per exchange
+  // priced), and recovering digits from the piece index took two of every level's three divisions.
+  const Shape& mesh = layout.mesh().shape();
+  const int64_t count = layout.piece_count(dim);
+  if (size % count == 0) {
+    int64_t piece = 0;
+    for (int64_t m : order) piece = piece * mesh[m] + coordinate[static_cast<size_t>(m)];
+    return {piece * (size / count), (piece + 1) * (size / count)};
+  }
+  int64_t begin = 0, length = size;
+  for (int64_t m : order) {
+    const int64_t k = mesh[m], c = (length + k - 1) / k;
+    const int64_t lo = std::min(coordinate[static_cast<size_t>(m)] * c, length), hi = std::min(lo + c, length);
+    begin += lo;
+    length = hi - lo;
+  }
+  return {begin, begin + length};
 }
 
 std::optional<std::pair<int64_t, int64_t>> group_union(const Layout& layout, int64_t dim,

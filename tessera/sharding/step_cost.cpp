@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <functional>
 #include <limits>
 #include <numeric>
 
@@ -128,23 +129,27 @@ int64_t group_size(const MeshSpec& mesh, const std::vector<int64_t>& dims) {
   return k;
 }
 
-// How many of `held`'s pieces of tensor dim d overlap `want`'s piece at a coordinate. An even
-// split answers in a few operations; an uneven one searches its pieces (nested chunks, explicit
-// sizes), and crossing shard orders ask that of every class of ranks, which are as many as the
-// ranks, while the answer depends only on want's piece: so those dims remember it per piece.
+// How many of held's pieces of tensor dim d overlap want's piece at a coordinate: what visiting
+// classes of ranks asks of every class. A dim held whole or evenly split counts its
+// sources by arithmetic; an uneven one searches held's pieces (nested chunks, explicit sizes),
+// and since the answer depends only on want's piece while the classes may be as many as the
+// ranks, it remembers the answer per wanted piece (allocated on first need: most figures never
+// visit classes).
 class SourcePieces {
  public:
-  SourcePieces(const Layout& held, const Layout& want) : held_(held), want_(want) {
-    memo_.resize(static_cast<size_t>(want.ndim()));
-    for (int64_t d = 0; d < want.ndim(); ++d) {
-      if (!evenly_split(held, d) && !want.shard_order(d).empty())
-        memo_[static_cast<size_t>(d)].assign(static_cast<size_t>(want.piece_count(d)), -1);
-    }
-  }
+  SourcePieces(const Layout& held, const Layout& want) : held_(held), want_(want) {}
 
-  int64_t operator()(int64_t d, const std::vector<int64_t>& coordinate, Range w) {
+  // Held's pieces of tensor dim d overlapping `w`, want's non-empty piece at `coordinate`.
+  int64_t count(int64_t d, const std::vector<int64_t>& coordinate, Range w) {
+    if (held_.shard_order(d).empty()) return 1;
+    if (evenly_split(held_, d)) {
+      const int64_t piece = held_.global_shape()[d] / held_.piece_count(d);
+      return (w.second + piece - 1) / piece - w.first / piece;
+    }
+    if (want_.shard_order(d).empty()) return pieces_overlapping(held_, d, w.first, w.second).overlapping;
+    if (memo_.empty()) memo_.resize(static_cast<size_t>(want_.ndim()));
     std::vector<int64_t>& memo = memo_[static_cast<size_t>(d)];
-    if (memo.empty()) return pieces_overlapping(held_, d, w.first, w.second).overlapping;
+    if (memo.empty()) memo.assign(static_cast<size_t>(want_.piece_count(d)), -1);
     int64_t& known = memo[static_cast<size_t>(piece_of(want_.mesh(), want_.shard_order(d), coordinate))];
     if (known < 0) known = pieces_overlapping(held_, d, w.first, w.second).overlapping;
     return known;
@@ -246,28 +251,74 @@ std::vector<bool> splitting(const Layout& held, const Layout& want, const std::v
   return flags;
 }
 
+// The least that one of the k chunk pieces of `parent` overlaps `w` (chunk semantics: pieces of
+// ceil(length / k) in order, the last ones shorter or empty). w is one interval, so when it
+// overlaps the first piece and the last, the pieces between lie inside it, whole: the least is
+// at an end (zero if the last is empty).
+int64_t least_chunk_overlap(Range parent, int64_t k, Range w) {
+  const int64_t c = (parent.second - parent.first + k - 1) / k;
+  const int64_t first = overlap({parent.first, parent.first + c}, w);
+  const int64_t last = overlap({parent.first + (k - 1) * c, parent.second}, w);
+  return std::min(first, last);
+}
+
+// Per tensor dim of `dims`, a mesh dim that splits it in held only, as the innermost level of
+// its order, and splits no other of `dims` in either layout (else -1). Its coordinate moves the
+// held piece among the chunks of one parent piece and changes nothing else a rank wants or holds
+// of `dims`: classes of ranks need not list it, the chunks' least and summed overlaps follow
+// from the parent. (S(1), S(1), S(1)) ordered [c, b, a] -> (R, S(1), S(0)) on 32x32x16 lists 512
+// coordinates instead of 16,384.
+std::vector<int64_t> held_inner_dims(const Layout& held, const Layout& want, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> uses(static_cast<size_t>(want.mesh().ndim()), 0);
+  for (int64_t d : dims)
+    for (const Layout* layout : {&held, &want})
+      for (int64_t m : layout->shard_order(d)) ++uses[static_cast<size_t>(m)];
+  std::vector<int64_t> out(static_cast<size_t>(want.ndim()), -1);
+  for (int64_t d : dims) {
+    const auto& order = held.shard_order(d);
+    if (order.empty() || held.has_explicit_sizes(d) || uses[static_cast<size_t>(order.back())] != 1) continue;
+    out[static_cast<size_t>(d)] = order.back();
+  }
+  return out;
+}
+
 // KeptFigures by visiting classes of ranks (one rank each; with `sample`, some ranks of the
 // classes crossing shard orders would list one by one, so that the figures bound from below).
+// `inner`: held_inner_dims; `mesh_dims`: the mesh dims to list, without those.
 KeptFigures kept_by_classes(const Layout& held, const Layout& want, const std::vector<int64_t>& dims,
-                            const std::vector<bool>& mesh_dims, SourcePieces& source_pieces, bool sample) {
+                            const std::vector<int64_t>& inner, const std::vector<bool>& mesh_dims,
+                            SourcePieces& source_pieces, bool sample) {
+  int64_t folded = 1;  // coordinates each visited class stands for through the inner mesh dims
+  for (int64_t d : dims)
+    if (const int64_t m = inner[static_cast<size_t>(d)]; m >= 0) folded *= held.mesh().shape()[m];
   KeptFigures out;
   out.least_kept = std::numeric_limits<int64_t>::max();
-  for_each_rank_class_until(want.mesh(), {&held, &want}, [&](const std::vector<int64_t>& c, int64_t count) {
-    int64_t wanted = 1, kept = 1, blocks = 1;
+  const auto visit = [&](const std::vector<int64_t>& c, int64_t count) {
+    // kept: over the folded coordinates, the least and the sum of what one keeps.
+    int64_t wanted = 1, least = 1, sum = 1, blocks = 1;
     for (int64_t d : dims) {
       const Range w = dim_range(want, d, c);
       wanted *= length(w);
-      kept *= overlap(dim_range(held, d, c), w);
-      if (blocks > 0) blocks *= length(w) > 0 ? source_pieces(d, c, w) : 0;
+      if (const int64_t m = inner[static_cast<size_t>(d)]; m >= 0) {
+        const Range parent = *group_union(held, d, c, {m});
+        least *= least_chunk_overlap(parent, held.mesh().shape()[m], w);
+        sum *= overlap(parent, w);
+      } else {
+        const int64_t kept = overlap(dim_range(held, d, c), w);
+        least *= kept;
+        sum *= kept;
+      }
+      if (blocks > 0) blocks *= length(w) > 0 ? source_pieces.count(d, c, w) : 0;
     }
-    out.least_kept = std::min(out.least_kept, kept);
-    out.most_lacking = std::max(out.most_lacking, wanted - kept);
-    out.kept_sum += kept * count;
+    out.least_kept = std::min(out.least_kept, least);
+    out.most_lacking = std::max(out.most_lacking, wanted - least);
+    out.kept_sum += sum * (count / folded);
     out.wanted_sum += wanted * count;
-    int64_t& most = kept > 0 ? out.keeping_blocks : out.empty_blocks;
-    most = std::max(most, blocks);
+    if (sum > 0) out.keeping_blocks = std::max(out.keeping_blocks, blocks);
+    if (least == 0) out.empty_blocks = std::max(out.empty_blocks, blocks);
     return true;
-  }, sample, mesh_dims);
+  };
+  for_each_rank_class_until(want.mesh(), {&held, &want}, std::ref(visit), sample, mesh_dims);
   return out;
 }
 
@@ -283,11 +334,16 @@ KeptFigures kept_figures(const Layout& held, const Layout& want, const std::vect
   // independent of the rank count, as the classes' does.
   constexpr int64_t kJoinFrom = 64, kJoinMost = 4096;
   if (auto counted = kept_by_digits(held, want, dims, /*budget=*/kJoinMost)) return *counted;
-  const std::vector<bool> mesh_dims = splitting(held, want, dims);
+  std::vector<bool> mesh_dims = splitting(held, want, dims);
   const int64_t listed = listed_coordinates(want.mesh(), {&held, &want}, mesh_dims, std::numeric_limits<int32_t>::max());
   if (listed > kJoinFrom)
     if (auto joined = kept_by_join(held, want, dims, /*budget=*/std::min(listed * 2, kJoinMost))) return *joined;
-  return kept_by_classes(held, want, dims, mesh_dims, source_pieces, sample);
+  // The classes fold what they can. (Where the join answers it is still the cheaper: a folded
+  // class searches held's uneven pieces for each wanted piece it meets.)
+  const std::vector<int64_t> inner = held_inner_dims(held, want, dims);
+  for (int64_t m : inner)
+    if (m >= 0) mesh_dims[static_cast<size_t>(m)] = false;
+  return kept_by_classes(held, want, dims, inner, mesh_dims, source_pieces, sample);
 }
 
 // The figures group by group, where want is even (a rank lacks its block's size less what it
@@ -421,7 +477,7 @@ std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after)
   const int64_t k = group_size(mesh, step.mesh_dims);
   const int64_t item = itemsize(before.dtype());
   bool valid = true;
-  for_each_rank_class_until(mesh, {&before, &after}, [&](const std::vector<int64_t>& c, int64_t count) {
+  const auto visit = [&](const std::vector<int64_t>& c, int64_t count) {
     const Block held = before.block(c), want = after.block(c);
     int64_t received = 0;  // bytes
     switch (step.kind) {
@@ -462,7 +518,8 @@ std::optional<PlanStep> mesh_dim_step(const Layout& before, const Layout& after)
     step.max_received = std::max(step.max_received, received);
     step.total_received += received * count;
     return valid;
-  });
+  };
+  for_each_rank_class_until(mesh, {&before, &after}, std::ref(visit));
   if (!valid) return std::nullopt;
   step.calls = step.messages > 0 ? 1 : 0;
   step.before = before;

@@ -12,6 +12,7 @@
 // coordinate by coordinate: linear in those mesh dims' sizes.
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -25,8 +26,11 @@ namespace detail {
 /// Calls visit(coordinate, count) once per class of the ranks of `mesh` whose blocks in every
 /// layout of `layouts` (all on `mesh`) have the same sizes and the same overlaps with each
 /// other: `coordinate` is one rank of the class, `count` how many ranks it stands for. The
-/// counts add up to the mesh's size. Pure.
+/// counts add up to the mesh's size. Pure. (The initializer-list forms spare the planner's hot
+/// paths a vector per call; a visitor capturing much is best passed as std::ref(lambda).)
 void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
+                         const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit);
+void for_each_rank_class(const MeshSpec& mesh, std::initializer_list<const Layout*> layouts,
                          const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit);
 /// for_each_rank_class that stops at the first class for which visit returns false; returns
 /// false then, true when every class was visited. With `sample`, where the mesh dims listed
@@ -38,11 +42,14 @@ void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>&
 bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
                                const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit,
                                bool sample = false, const std::vector<bool>& varying = {});
+bool for_each_rank_class_until(const MeshSpec& mesh, std::initializer_list<const Layout*> layouts,
+                               const std::function<bool(const std::vector<int64_t>& coordinate, int64_t count)>& visit,
+                               bool sample = false, const std::vector<bool>& varying = {});
 
 /// How many coordinates for_each_rank_class_until lists one by one for these arguments (the
 /// product of the sizes of the mesh dims it cannot compress into runs), at most cap + 1: what
 /// visiting the classes costs, without visiting them.
-int64_t listed_coordinates(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
+int64_t listed_coordinates(const MeshSpec& mesh, std::initializer_list<const Layout*> layouts,
                            const std::vector<bool>& varying, int64_t cap);
 
 /// [begin, end) of tensor dim `dim` held at `coordinate` in `layout` ([0, size) when unsharded).
