@@ -3,16 +3,31 @@
 // (MultiMesh), and a mesh over an explicit list of devices that can be placed elsewhere with the
 // same axes (TaskMesh). Both are DeviceMeshes underneath, so DTensors live on them as on any mesh.
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <tessera/core/export.hpp>
+#include <tessera/dtensor/dtensor.hpp>
 #include <tessera/mesh/device_mesh.hpp>
 
 namespace tessera TESSERA_API {
 namespace mpmd {
+
+class Task;  // task.hpp, included at the end
+using TaskFn = std::function<std::vector<DTensor>(const std::vector<DTensor>&)>;
+
+/// multimesh.jax's mesh_slice: fixed coordinates of some axes of the global mesh.
+using MeshSlice = std::map<std::string, int64_t>;
+/// "{pp=1, dp=0}".
+std::string to_string(const MeshSlice& slice);
+
+/// register_task's callback: the Task for the name's matched group (multimesh.jax's callback).
+/// `backprop` is false: a task's backward runs with its forward, on its mesh, through autograd.
+using TaskCallback = std::function<Task(const std::string& matched, bool backprop)>;
 
 /// The global mesh over the whole world (row-major ranks) and its submeshes.
 /// Example: `MultiMesh mm({2, 2, 2}, {"pp", "dp", "tp"}); DeviceMesh stage0 = mm.slice({{"pp", 0}});`
@@ -37,8 +52,29 @@ class MultiMesh {
   std::vector<DeviceMesh> split(std::string_view axis) const;
   const DeviceMesh& global() const { return global_; }
 
+  /// multimesh.jax's register_task: a task whose name `matcher` matches runs as the Task that
+  /// `callback` builds from the matched text (or as `task`). `matcher` is a regular expression
+  /// (ECMAScript) searched anywhere in the name; its first group is the matched text, the whole
+  /// match when it has none. The first registration that matches wins. Copies of this MultiMesh
+  /// share its registrations; every rank registers the same ones. Throws ShardingError naming
+  /// the matcher when it is not a valid expression.
+  void register_task(std::string matcher, TaskCallback callback);
+  void register_task(std::string matcher, Task task);
+  /// multimesh.jax's task(fn, name, task): fn as a task named `name` (or the options' name) with
+  /// the options of `options`: on its mesh, or on its mesh_slice of this global mesh (exactly one
+  /// of them), under its logical_axes (by default each axis of that mesh naming itself) and then
+  /// its extra_axes. Throws ShardingError naming the task when both or neither mesh is given, or
+  /// when the slice names an unknown axis or index.
+  Task task(TaskFn fn, std::string name, const Task& options) const;
+  /// fn as the task of the first registration whose matcher matches `name` (its callback called
+  /// with the matched text; the name is the Task's, else the matcher). Throws ShardingError
+  /// naming the task and the matchers when none matches, and as above.
+  Task task(TaskFn fn, std::string name) const;
+
  private:
+  struct Registrations;
   DeviceMesh global_;
+  std::shared_ptr<Registrations> registrations_;
 };
 
 /// Axis names and sizes without ranks (JAX's AbstractMesh): a TaskMesh's shape before it is
@@ -86,3 +122,6 @@ class TaskMesh {
 
 }  // namespace mpmd
 }  // namespace tessera
+
+// MultiMesh's task methods take and return Tasks: users of this header get the whole class.
+#include <tessera/mpmd/task.hpp>  // IWYU pragma: export

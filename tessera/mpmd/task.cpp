@@ -9,6 +9,7 @@
 #include <tessera/comm/communicator.hpp>
 #include <tessera/comm/word_messages.hpp>
 #include <tessera/core/error.hpp>
+#include <tessera/mpmd/multimesh.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/layout_words.hpp>
 #include <tessera/sharding/mesh_move.hpp>
@@ -68,13 +69,72 @@ DTensor to_mesh(const DTensor& x, const DeviceMesh& mesh) {
 }
 
 Task::Task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules)
-    : name_(std::move(name)), mesh_(std::move(mesh)), fn_(std::move(fn)), rules_(std::move(rules)) {
+    : name_(std::move(name)),
+      mesh_(std::move(mesh)),
+      has_mesh_(true),
+      fn_(std::move(fn)),
+      rules_(std::move(rules)),
+      has_rules_(true) {
   TESSERA_CHECK(static_cast<bool>(fn_), ShardingError, "task", "task '", name_, "' has no function");
+}
+
+Task& Task::name(std::string name) {
+  name_ = std::move(name);
+  return *this;
+}
+
+Task& Task::mesh(DeviceMesh mesh) {
+  mesh_ = std::move(mesh);
+  has_mesh_ = true;
+  return *this;
+}
+
+Task& Task::logical_axes(LogicalRules rules) {
+  rules_ = std::move(rules);
+  has_rules_ = true;
+  return *this;
+}
+
+Task& Task::mesh_slice(MeshSlice slice) {
+  mesh_slice_ = std::move(slice);
+  return *this;
+}
+
+Task& Task::extra_axes(LogicalRules rules) {
+  extra_axes_ = std::move(rules);
+  return *this;
+}
+
+Task& Task::loop_dependent_mesh_slice(std::function<MeshSlice(int64_t)> slice_of) {
+  loop_slice_ = std::move(slice_of);
+  return *this;
+}
+
+LogicalRules Task::rules() const {
+  LogicalRules all = rules_;
+  all.insert(all.end(), extra_axes_.begin(), extra_axes_.end());
+  return all;
+}
+
+Task Task::iteration(int64_t i) const {
+  if (!loop_slice_) return *this;
+  TESSERA_CHECK(has_global_, ShardingError, "task", "task '", name_,
+                "' has a loop_dependent_mesh_slice but no MultiMesh built it; use MultiMesh::task");
+  const MeshSlice at = loop_slice_(i);
+  DeviceMesh mesh = MultiMesh(global_).slice(at);
+  TESSERA_CHECK(mesh.size() == mesh_.size(), ShardingError, "task", "task '", name_, "' iteration ", i,
+                ": the loop-dependent slice ", to_string(at), " holds ", mesh.size(), " devices, its mesh ",
+                mesh_.to_string(), " holds ", mesh_.size());
+  Task out = *this;
+  out.mesh_ = std::move(mesh);
+  return out;
 }
 
 std::vector<DTensor> Task::operator()(const std::vector<DTensor>& inputs) const { return launch(inputs).get(); }
 
 TaskFuture Task::launch(const std::vector<DTensor>& inputs) const {
+  TESSERA_CHECK(runnable(), ShardingError, "task", "task '", name_,
+                "' is a Task value without a function; pass it to MultiMesh::task(fn, name, task)");
   std::vector<DTensor> moved;
   for (const DTensor& x : inputs) moved.push_back(to_mesh(x, mesh_));
   TaskState& state = task_state();
@@ -87,7 +147,7 @@ TaskFuture Task::launch(const std::vector<DTensor>& inputs) const {
   future.tag_ = kTaskTag + 2 * static_cast<int>(state.launches++ % kTaskTags);
   if (!mesh_.is_member()) return future;
   {
-    const LogicalAxes scope(rules_);
+    const LogicalAxes scope(rules());
     future.outputs_ = fn_(moved);
   }
   future.resolved_ = true;
