@@ -3,6 +3,7 @@
 // found by name through registered matchers whose callbacks build the Task per match.
 #include <tessera/mpmd/multimesh.hpp>
 
+#include <mutex>
 #include <regex>
 
 #include <tessera/core/error.hpp>
@@ -30,6 +31,11 @@ void MultiMesh::register_task(std::string matcher, TaskCallback callback) {
                 "' was given no callback");
   std::regex pattern;
   try {
+    // std::regex's compiler narrows characters through the locale's ctype<char>, whose cache
+    // libstdc++ fills without synchronisation (TSan reports it): ranks that are threads of one
+    // process compile their matchers one at a time.
+    static std::mutex compiling;
+    const std::lock_guard<std::mutex> one_at_a_time(compiling);
     pattern = std::regex(matcher, std::regex::ECMAScript);
   } catch (const std::regex_error& e) {
     TESSERA_CHECK(false, ShardingError, "register_task", "matcher '", matcher,
