@@ -140,7 +140,9 @@ TEST(Parallelize, SequenceParallelWhereOnlyItFits) {
       // The same plan without sequence parallelism holds more.
       if (!sequence_parallel(e)) continue;
       for (const PlanEstimate& f : all.candidates) {
-        if (!sequence_parallel(f) && f.strategy.tensor->axis == e.strategy.tensor->axis &&
+        // f: the same tensor parallel plan without sequence parallelism (a candidate without
+        // tensor parallelism has no axis to compare).
+        if (!sequence_parallel(f) && f.strategy.tensor && f.strategy.tensor->axis == e.strategy.tensor->axis &&
             f.strategy.data == e.strategy.data) {
           EXPECT_LT(e.memory_bytes, f.memory_bytes) << e.name();
         }
