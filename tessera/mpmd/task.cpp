@@ -69,12 +69,7 @@ DTensor to_mesh(const DTensor& x, const DeviceMesh& mesh) {
 }
 
 Task::Task(std::string name, DeviceMesh mesh, TaskFn fn, LogicalRules rules)
-    : name_(std::move(name)),
-      mesh_(std::move(mesh)),
-      has_mesh_(true),
-      fn_(std::move(fn)),
-      rules_(std::move(rules)),
-      has_rules_(true) {
+    : name_(std::move(name)), mesh_(std::move(mesh)), fn_(std::move(fn)), rules_(std::move(rules)), has_rules_(true) {
   TESSERA_CHECK(static_cast<bool>(fn_), ShardingError, "task", "task '", name_, "' has no function");
 }
 
@@ -85,7 +80,6 @@ Task& Task::name(std::string name) {
 
 Task& Task::mesh(DeviceMesh mesh) {
   mesh_ = std::move(mesh);
-  has_mesh_ = true;
   return *this;
 }
 
@@ -118,7 +112,7 @@ LogicalRules Task::rules() const {
 
 Task Task::iteration(int64_t i) const {
   if (!loop_slice_) return *this;
-  TESSERA_CHECK(has_global_, ShardingError, "task", "task '", name_,
+  TESSERA_CHECK(global_.size() > 0, ShardingError, "task", "task '", name_,
                 "' has a loop_dependent_mesh_slice but no MultiMesh built it; use MultiMesh::task");
   const MeshSlice at = loop_slice_(i);
   DeviceMesh mesh = MultiMesh(global_).slice(at);

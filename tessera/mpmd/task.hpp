@@ -67,6 +67,8 @@ class Task {
   LogicalRules rules() const;
   /// Whether it has a function to run (a Task value has none).
   bool runnable() const { return static_cast<bool>(fn_); }
+  /// Whether mesh() was given (an empty mesh has no ranks).
+  bool has_mesh() const { return mesh_.size() > 0; }
 
   /// The task of loop iteration i: the same function on loop_dependent_mesh_slice(i) of the
   /// MultiMesh that built it; itself without a loop-dependent slice. Throws ShardingError naming
@@ -91,16 +93,14 @@ class Task {
  private:
   friend class MultiMesh;
   std::string name_;
-  DeviceMesh mesh_;
-  bool has_mesh_ = false;
+  DeviceMesh mesh_;  // a Task value's is empty (no ranks) until mesh() sets one
   TaskFn fn_;
   LogicalRules rules_;
   bool has_rules_ = false;
   MeshSlice mesh_slice_;
   LogicalRules extra_axes_;
   std::function<MeshSlice(int64_t)> loop_slice_;
-  DeviceMesh global_;  // the MultiMesh's global mesh, where one built it (for iteration)
-  bool has_global_ = false;
+  DeviceMesh global_;  // the MultiMesh's global mesh, where one built it (for iteration); else empty
 };
 
 /// task(name, mesh, fn): a Task.

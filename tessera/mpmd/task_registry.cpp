@@ -53,9 +53,9 @@ Task MultiMesh::task(TaskFn fn, std::string name, const Task& options) const {
   if (!options.name().empty()) name = options.name();
   TESSERA_CHECK(static_cast<bool>(fn), ShardingError, "task", "task '", name, "' has no function");
   const bool sliced = !options.mesh_slice().empty();
-  TESSERA_CHECK(!(sliced && options.has_mesh_), ShardingError, "task", "task '", name,
+  TESSERA_CHECK(!(sliced && options.has_mesh()), ShardingError, "task", "task '", name,
                 "' gives both a mesh and a mesh_slice ", to_string(options.mesh_slice()), "; give one");
-  TESSERA_CHECK(sliced || options.has_mesh_, ShardingError, "task", "task '", name,
+  TESSERA_CHECK(sliced || options.has_mesh(), ShardingError, "task", "task '", name,
                 "' gives neither a mesh nor a mesh_slice; give one");
   DeviceMesh mesh = sliced ? slice(options.mesh_slice()) : options.mesh();
   LogicalRules rules = options.logical_axes();
@@ -66,23 +66,21 @@ Task MultiMesh::task(TaskFn fn, std::string name, const Task& options) const {
   out.extra_axes_ = options.extra_axes();
   out.loop_slice_ = options.loop_slice_;
   out.global_ = global_;
-  out.has_global_ = true;
   return out;
 }
 
 Task MultiMesh::task(TaskFn fn, std::string name) const {
+  const std::vector<Registrations::Entry> none;
+  const auto& entries = registrations_ ? registrations_->entries : none;
+  for (const Registrations::Entry& entry : entries) {
+    std::smatch match;
+    if (!std::regex_search(name, match, entry.pattern)) continue;
+    const std::string matched = match.size() > 1 ? match[1].str() : match[0].str();
+    // Unnamed, the task takes the matcher's name, as in multimesh.jax.
+    return task(std::move(fn), entry.matcher, entry.callback(matched, /*backprop=*/false));
+  }
   std::string known;
-  if (registrations_)
-    for (const Registrations::Entry& entry : registrations_->entries) {
-      std::smatch match;
-      if (!std::regex_search(name, match, entry.pattern)) {
-        known.append(known.empty() ? "" : ", ").append(entry.matcher);
-        continue;
-      }
-      const std::string matched = match.size() > 1 ? match[1].str() : match[0].str();
-      // Unnamed, the task takes the matcher's name, as in multimesh.jax.
-      return task(std::move(fn), entry.matcher, entry.callback(matched, /*backprop=*/false));
-    }
+  for (const Registrations::Entry& entry : entries) known.append(known.empty() ? "" : ", ").append(entry.matcher);
   TESSERA_CHECK(false, ShardingError, "task", "no registered matcher matches task '", name,
                 "' (matchers: ", known.empty() ? "none" : known,
                 "); call MultiMesh::register_task(matcher, callback) first");

@@ -91,19 +91,28 @@ bool compressible(int64_t m, const Appearances& appearances) {
   return ok;
 }
 
+// [begin, end) of the chunk that the first `levels` levels of tensor dim `dim`'s shard order pick
+// at `coordinate` (chunk semantics): each level's digit is the coordinate itself, so a level
+// takes one division, where recovering digits from a piece index would take three.
+std::pair<int64_t, int64_t> chunk_at(const Layout& layout, int64_t dim, size_t levels,
+                                     const std::vector<int64_t>& coordinate) {
+  const auto& order = layout.shard_order(dim);
+  const Shape& mesh = layout.mesh().shape();
+  int64_t begin = 0, length = layout.global_shape()[dim];
+  for (size_t t = 0; t < levels; ++t) {
+    const int64_t k = mesh[order[t]], c = (length + k - 1) / k;
+    const int64_t lo = std::min(coordinate[static_cast<size_t>(order[t])] * c, length);
+    begin += lo;
+    length = std::min(lo + c, length) - lo;
+  }
+  return {begin, begin + length};
+}
+
 // Length of the parent piece of level `level` of tensor dim `dim` at the coordinates chosen so
 // far (the mesh dims before `level` in the order are chosen).
 int64_t parent_length(const Layout& layout, int64_t dim, size_t level, const std::vector<int64_t>& coordinate) {
-  const auto& order = layout.shard_order(dim);
-  const MeshSpec& mesh = layout.mesh();
-  int64_t length = layout.global_shape()[dim];
-  for (size_t t = 0; t < level; ++t) {
-    const int64_t k = mesh.shape()[order[t]];
-    const int64_t c = (length + k - 1) / k;
-    const int64_t lo = std::min(coordinate[static_cast<size_t>(order[t])] * c, length);
-    length = std::min(lo + c, length) - lo;
-  }
-  return length;
+  const auto [begin, end] = chunk_at(layout, dim, level, coordinate);
+  return end - begin;
 }
 
 enum Mode : int64_t { kUnused = 0, kRuns = 1, kEvery = 2 };
@@ -225,6 +234,16 @@ bool classes_until(const MeshSpec& mesh, const Layouts& layouts, const Visit& vi
 Layouts of(const std::vector<const Layout*>& layouts) { return {layouts.data(), layouts.size()}; }
 Layouts of(std::initializer_list<const Layout*> layouts) { return {layouts.begin(), layouts.size()}; }
 
+// Every class, none stopping the visit.
+void each_class(const MeshSpec& mesh, const Layouts& layouts,
+                const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit) {
+  const auto until = [&](const std::vector<int64_t>& c, int64_t count) {
+    visit(c, count);
+    return true;
+  };
+  classes_until(mesh, layouts, std::ref(until), false, {});
+}
+
 }  // namespace
 
 bool for_each_rank_class_until(const MeshSpec& mesh, const std::vector<const Layout*>& layouts, const Visit& visit,
@@ -244,20 +263,12 @@ int64_t listed_coordinates(const MeshSpec& mesh, std::initializer_list<const Lay
 
 void for_each_rank_class(const MeshSpec& mesh, const std::vector<const Layout*>& layouts,
                          const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit) {
-  const auto until = [&](const std::vector<int64_t>& c, int64_t count) {
-    visit(c, count);
-    return true;
-  };
-  classes_until(mesh, of(layouts), std::ref(until), false, {});
+  each_class(mesh, of(layouts), visit);
 }
 
 void for_each_rank_class(const MeshSpec& mesh, std::initializer_list<const Layout*> layouts,
                          const std::function<void(const std::vector<int64_t>& coordinate, int64_t count)>& visit) {
-  const auto until = [&](const std::vector<int64_t>& c, int64_t count) {
-    visit(c, count);
-    return true;
-  };
-  classes_until(mesh, of(layouts), std::ref(until), false, {});
+  each_class(mesh, of(layouts), visit);
 }
 
 std::pair<int64_t, int64_t> dim_range(const Layout& layout, int64_t dim, const std::vector<int64_t>& coordinate) {
@@ -265,24 +276,14 @@ std::pair<int64_t, int64_t> dim_range(const Layout& layout, int64_t dim, const s
   const int64_t size = layout.global_shape()[dim];
   if (order.empty()) return {0, size};
   if (layout.has_explicit_sizes(dim)) return layout.piece_range(dim, piece_of(layout.mesh(), order, coordinate));
-  // Chunk pieces, as Layout::piece_range finds them, but the digit of each level is the
-  // coordinate itself: the planner asks this per class of ranks (thousands of times per exchange
-  // priced), and recovering digits from the piece index took two of every level's three divisions.
-  const Shape& mesh = layout.mesh().shape();
+  // The planner asks this per class of ranks (thousands of times per exchange priced): an even
+  // split is one product, nested chunks one division per level.
   const int64_t count = layout.piece_count(dim);
   if (size % count == 0) {
-    int64_t piece = 0;
-    for (int64_t m : order) piece = piece * mesh[m] + coordinate[static_cast<size_t>(m)];
+    const int64_t piece = piece_of(layout.mesh(), order, coordinate);
     return {piece * (size / count), (piece + 1) * (size / count)};
   }
-  int64_t begin = 0, length = size;
-  for (int64_t m : order) {
-    const int64_t k = mesh[m], c = (length + k - 1) / k;
-    const int64_t lo = std::min(coordinate[static_cast<size_t>(m)] * c, length), hi = std::min(lo + c, length);
-    begin += lo;
-    length = hi - lo;
-  }
-  return {begin, begin + length};
+  return chunk_at(layout, dim, order.size(), coordinate);
 }
 
 std::optional<std::pair<int64_t, int64_t>> group_union(const Layout& layout, int64_t dim,

@@ -130,8 +130,8 @@ int64_t group_size(const MeshSpec& mesh, const std::vector<int64_t>& dims) {
 }
 
 // How many of held's pieces of tensor dim d overlap want's piece at a coordinate: what visiting
-// classes of ranks asks of every class. A dim held whole or evenly split counts its
-// sources by arithmetic; an uneven one searches held's pieces (nested chunks, explicit sizes),
+// classes of ranks asks of every class. A dim held whole or evenly split answers by arithmetic
+// (pieces_overlapping); an uneven one searches held's pieces (nested chunks, explicit sizes),
 // and since the answer depends only on want's piece while the classes may be as many as the
 // ranks, it remembers the answer per wanted piece (allocated on first need: most figures never
 // visit classes).
@@ -141,12 +141,8 @@ class SourcePieces {
 
   // Held's pieces of tensor dim d overlapping `w`, want's non-empty piece at `coordinate`.
   int64_t count(int64_t d, const std::vector<int64_t>& coordinate, Range w) {
-    if (held_.shard_order(d).empty()) return 1;
-    if (evenly_split(held_, d)) {
-      const int64_t piece = held_.global_shape()[d] / held_.piece_count(d);
-      return (w.second + piece - 1) / piece - w.first / piece;
-    }
-    if (want_.shard_order(d).empty()) return pieces_overlapping(held_, d, w.first, w.second).overlapping;
+    if (evenly_split(held_, d) || want_.shard_order(d).empty())
+      return pieces_overlapping(held_, d, w.first, w.second).overlapping;
     if (memo_.empty()) memo_.resize(static_cast<size_t>(want_.ndim()));
     std::vector<int64_t>& memo = memo_[static_cast<size_t>(d)];
     if (memo.empty()) memo.assign(static_cast<size_t>(want_.piece_count(d)), -1);
