@@ -281,12 +281,11 @@ ReceiveBound partial_destination_bound(const Layout& src, const Layout& dst, con
 //   its own, unless one exchange (tie 0.5; after the reductions if any) does the rest.
 // It never overestimates, and a step lowers it by at most the step's own score, so A* with it
 // returns what Dijkstra would.
-// `quick` leaves out what the layouts' blocks lack (which visits classes of ranks): a weaker
-// bound for the search to order layouts it may never expand.
-double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options, bool quick = false) {
+// `lack` is lacking(at, dst, bound_only): the caller computes it (it visits classes of ranks),
+// or passes nothing for a weaker bound that orders layouts the search may never expand.
+double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options, const detail::Lacking& lack) {
   if (at == dst) return 0;
   const bool same_mesh = at.mesh() == dst.mesh();
-  const detail::Lacking lack = quick ? detail::Lacking{} : detail::lacking(at, dst, /*bound_only=*/true);
   const int64_t lacking = lack.most;
   int64_t reduced_ranks = 1;
   bool leaves[3] = {false, false, false};  // a differing mesh dim leaves Shard, Replicate, Partial
@@ -316,6 +315,15 @@ double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& o
          options.cost.bytes_per_us * (cheapest.message_us * static_cast<double>(messages) +
                                       cheapest.call_us * static_cast<double>(calls)) +
          steps;
+}
+
+double quick_bound(const Layout& at, const Layout& dst, const PlanOptions& options) {
+  return remaining_bound(at, dst, options, detail::Lacking{});
+}
+
+double full_bound(const Layout& at, const Layout& dst, const PlanOptions& options) {
+  if (at == dst) return 0;
+  return remaining_bound(at, dst, options, detail::lacking(at, dst, /*bound_only=*/true));
 }
 
 Placements without_partial(const Placements& placements) {
@@ -426,7 +434,7 @@ thread_local uint64_t plan_calls = 0;
 uint64_t plan_call_count() { return plan_calls; }
 
 double plan_cost_lower_bound(const Layout& src, const Layout& dst, const PlanOptions& options) {
-  return remaining_bound(src, dst, options);
+  return full_bound(src, dst, options);
 }
 
 Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
@@ -473,6 +481,9 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     Layout layout;
     bool exact;  // the estimate used the full bound, not the quick one
     int exchange = -1;  // an exchange to exchange_target not priced yet: its index in `exchanges`
+    // What the layout lacks of dst, where the estimate computed it: an exchange from it to dst
+    // starts from the same figures.
+    std::optional<detail::Lacking> lack = std::nullopt;
   };
   // Exchanges wait in the frontier at a bound on their score, found on some ranks, and are
   // priced exactly (which visits every class of ranks) only when that bound comes up: a search
@@ -482,7 +493,8 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   auto later = [](const Entry& a, const Entry& b) { return a.estimate > b.estimate; };
   std::priority_queue<Entry, std::vector<Entry>, decltype(later)> frontier(later);
   reached.emplace(src, Reached{0, -1});
-  frontier.push({remaining_bound(src, dst, options), 0, src, true});
+  const detail::Lacking src_lack = detail::lacking(src, dst, /*bound_only=*/true);
+  frontier.push({remaining_bound(src, dst, options, src_lack), 0, src, true, -1, src_lack});
 
   auto relax = [&](const Layout& from, double base, PlanStep step) {
     const double score = base + step_score(step, options);
@@ -493,7 +505,7 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     edges.push_back({via, std::move(step)});
     reached[to] = Reached{score, static_cast<int>(edges.size()) - 1};
     // The full bound waits until the layout comes up: most layouts reached never do.
-    frontier.push({score + remaining_bound(to, dst, options, /*quick=*/true), score, to, false});
+    frontier.push({score + quick_bound(to, dst, options), score, to, false});
   };
 
   while (!frontier.empty()) {
@@ -512,10 +524,12 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     const Layout& at = top.layout;
     auto& node = reached.at(at);
     if (node.done || score > node.score) continue;
+    std::optional<detail::Lacking> lack = top.lack;
     if (!top.exact && !(at == dst)) {
-      const double estimate = score + remaining_bound(at, dst, options);
+      lack = detail::lacking(at, dst, /*bound_only=*/true);
+      const double estimate = score + remaining_bound(at, dst, options, *lack);
       if (estimate > top.estimate + 1e-9) {
-        frontier.push({estimate, score, at, true});
+        frontier.push({estimate, score, at, true, -1, lack});
         continue;
       }
     }
@@ -527,21 +541,21 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     }
     if (!at.has_partial() && !(at == exchange_target)) {
       // The exchange's score is at least what a bound on it, found on some ranks, gives.
-      const detail::Lacking lack = detail::lacking(at, exchange_target, /*bound_only=*/true);
+      if (!lack || !(exchange_target == dst)) lack = detail::lacking(at, exchange_target, /*bound_only=*/true);
       PlanStep bound;
       bound.kind = StepKind::exchange;
       bound.before = at;
       bound.after = exchange_target;
-      bound.max_received = lack.most * itemsize(at.dtype());
-      bound.total_received = lack.total * itemsize(at.dtype());
-      bound.messages = lack.sources;
-      bound.calls = lack.most > 0 ? 1 : 0;
+      bound.max_received = lack->most * itemsize(at.dtype());
+      bound.total_received = lack->total * itemsize(at.dtype());
+      bound.messages = lack->sources;
+      bound.calls = lack->most > 0 ? 1 : 0;
       const double least = score + step_score(bound, options);
       const auto known = reached.find(exchange_target);
       if (known != reached.end() && least >= known->second.score) continue;
       exchanges.emplace_back(at, score);
-      frontier.push({least + remaining_bound(exchange_target, dst, options, /*quick=*/true), least, exchange_target,
-                     false, static_cast<int>(exchanges.size()) - 1});
+      frontier.push({least + quick_bound(exchange_target, dst, options), least, exchange_target, false,
+                     static_cast<int>(exchanges.size()) - 1});
     }
   }
   auto it = reached.find(dst);
