@@ -29,9 +29,34 @@ void write_digits(const MeshSpec& mesh, const std::vector<int64_t>& order, int64
 // The pieces of tensor dim `dim` in splitting order ({[0, size)} where the layout does not split
 // it). They tile the dim in that order, so their starts and ends never decrease.
 std::vector<Range> piece_ranges(const Layout& layout, int64_t dim) {
-  if (layout.shard_order(dim).empty()) return {Range{0, layout.global_shape()[dim]}};
-  std::vector<Range> out(static_cast<size_t>(layout.piece_count(dim)));
-  for (size_t p = 0; p < out.size(); ++p) out[p] = layout.piece_range(dim, static_cast<int64_t>(p));
+  const int64_t size = layout.global_shape()[dim];
+  const std::vector<int64_t>& order = layout.shard_order(dim);
+  if (order.empty()) return {Range{0, size}};
+  const auto count = static_cast<size_t>(layout.piece_count(dim));
+  std::vector<Range> out;
+  out.reserve(count);
+  if (layout.has_explicit_sizes(dim) || size % static_cast<int64_t>(count) == 0) {
+    for (size_t p = 0; p < count; ++p) out.push_back(layout.piece_range(dim, static_cast<int64_t>(p)));
+    return out;
+  }
+  // Nested chunks, level by level: each piece splits into k chunks of ceil(length / k), children
+  // next to each other (the first split major, as piece_range numbers them). One division per
+  // piece split, where asking piece_range piece by piece divides at every level.
+  out.push_back({0, size});
+  std::vector<Range> next;
+  next.reserve(count);
+  for (int64_t m : order) {
+    const int64_t k = layout.mesh().shape()[m];
+    next.clear();
+    for (const auto& [begin, end] : out) {
+      const int64_t length = end - begin, chunk = (length + k - 1) / k;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t lo = std::min(j * chunk, length), hi = std::min(lo + chunk, length);
+        next.push_back({begin + lo, begin + hi});
+      }
+    }
+    out.swap(next);
+  }
   return out;
 }
 
