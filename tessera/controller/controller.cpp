@@ -286,6 +286,37 @@ WorkerMesh WorkerMesh::slice(const std::map<std::string, int64_t>& at) const {
   return WorkerMesh(MeshSpec(Shape(shape), names, ranks), id);
 }
 
+namespace {
+
+// The mesh dims of `axes` (Monarch's dims of mesh.rank): one or more, each once.
+std::vector<int64_t> axis_dims(const MeshSpec& spec, const std::vector<std::string>& axes, const char* call) {
+  TESSERA_CHECK(!axes.empty(), ValueError, call, "name one axis or more of ", spec.to_string());
+  std::vector<int64_t> dims;
+  for (const std::string& axis : axes) {
+    const int64_t d = spec.dim_of(axis, call);
+    TESSERA_CHECK(std::find(dims.begin(), dims.end(), d) == dims.end(), ValueError, call, "axis '", axis, "' of ",
+                  spec.to_string(), " is named twice");
+    dims.push_back(d);
+  }
+  return dims;
+}
+
+}  // namespace
+
+RemoteTensor WorkerMesh::rank(const std::vector<std::string>& axes) const {
+  std::vector<int64_t> dims = axis_dims(spec_, axes, "WorkerMesh::rank");
+  return detail::issue_op(detail::require_mesh("WorkerMesh::rank"), "mesh_rank", {}, detail::DimArgs{std::move(dims)},
+                          *this);
+}
+
+RemoteTensor WorkerMesh::rank(const std::string& axis) const { return rank(std::vector<std::string>{axis}); }
+
+std::map<std::string, RemoteTensor> WorkerMesh::ranks() const {
+  std::map<std::string, RemoteTensor> out;
+  for (const std::string& axis : spec_.names()) out.emplace(axis, rank(axis));
+  return out;
+}
+
 const WorkerMesh& RemoteTensor::mesh() const {
   TESSERA_CHECK(handle_ != nullptr, ValueError, "RemoteTensor::mesh", "undefined RemoteTensor");
   return handle_->mesh;
@@ -377,7 +408,13 @@ RemoteTensor rand(const Shape& shape, const WorkerMesh& mesh, Placements placeme
 void manual_seed(uint64_t seed, const WorkerMesh& mesh) {
   detail::ControllerState& state = detail::require_mesh("controller::manual_seed");
   // Each stream draws from its own generator.
-  state.send(mesh.spec().ranks(), detail::Seed{mesh.id(), state.active_stream, seed});
+  state.send(mesh.spec().ranks(), detail::Seed{mesh.id(), state.active_stream, seed, {}});
+}
+
+void manual_seed(uint64_t seed, const WorkerMesh& mesh, const std::vector<std::string>& per_worker) {
+  std::vector<int64_t> dims = axis_dims(mesh.spec(), per_worker, "controller::manual_seed");
+  detail::ControllerState& state = detail::require_mesh("controller::manual_seed");
+  state.send(mesh.spec().ranks(), detail::Seed{mesh.id(), state.active_stream, seed, std::move(dims)});
 }
 
 RemoteTensor add(const RemoteTensor& a, const RemoteTensor& b) { return typed("add", {a, b}, detail::NoArgs{}); }

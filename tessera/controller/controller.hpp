@@ -72,6 +72,8 @@ class Future {
 extern template class Future<Tensor>;
 extern template class Future<Layout>;
 
+class RemoteTensor;
+
 /// A mesh of workers, as the controller sees it: a shape, axis names and the workers' world
 /// ranks (0..N-1 in-process, 1..N-1 under MPI). Each worker holds the matching DeviceMesh. Construction enqueues the mesh's creation on every
 /// worker (it is collective among them); slice() is local.
@@ -83,6 +85,15 @@ class WorkerMesh {
   /// The submesh at fixed coordinates of some axes (Monarch's slice_mesh): a mesh of the
   /// remaining axes. Throws ShardingError for an unknown axis or an index out of range.
   WorkerMesh slice(const std::map<std::string, int64_t>& at) const;
+  /// Monarch's mesh.rank(dims): each worker's rank along `axes` (its coordinates there, row-major:
+  /// the first axis major) as a scalar i64 RemoteTensor held Replicate, each worker's value its
+  /// own, made on the workers with no remote function. rank({"dp", "tp"}) on a 2 x 2 mesh is 0, 1,
+  /// 2, 3 in worker order; reduce(rank("dp"), {"dp"}) sums 0 + 1. Throws ShardingError for an
+  /// unknown axis, ValueError for no axis or one named twice.
+  RemoteTensor rank(const std::vector<std::string>& axes) const;
+  RemoteTensor rank(const std::string& axis) const;
+  /// Monarch's mesh.ranks: rank(axis) for every axis, by name.
+  std::map<std::string, RemoteTensor> ranks() const;
   const MeshSpec& spec() const { return spec_; }
   std::string to_string() const { return spec_.to_string(); }
   int64_t id() const { return id_; }
@@ -217,6 +228,12 @@ RemoteTensor rand(const Shape& shape, const WorkerMesh& mesh, Placements placeme
 /// manual_seed(seed) on every worker of `mesh`, for the active stream's generator: the same
 /// draws as SPMD code after manual_seed.
 void manual_seed(uint64_t seed, const WorkerMesh& mesh);
+/// Per-worker seeds: every worker of `mesh` seeds its generator with seed + its rank along
+/// `per_worker` (as WorkerMesh::rank numbers them; torch.manual_seed(seed + rank) on each worker),
+/// so rand and randn draw differently along those axes and alike along the others: randn held
+/// Replicate then gives each worker its own values (Monarch's per-worker tensors). Throws
+/// ShardingError for an unknown axis, ValueError for no axis or one named twice.
+void manual_seed(uint64_t seed, const WorkerMesh& mesh, const std::vector<std::string>& per_worker);
 
 // Ops (DTensor's): enqueued on the inputs' mesh.
 RemoteTensor add(const RemoteTensor& a, const RemoteTensor& b);

@@ -40,7 +40,7 @@ std::vector<Command> every_command() {
       SliceMesh{4, 3, {{"dp", 1}, {"tp", 0}}},
       MakeStream{2},
       CallRemote{1, 2, "train step", {7, 8}, {9, 10, 11}, {21, 22, 23}},
-      Seed{1, 0, 0xFFFFFFFFFFFFFFF1ull},
+      Seed{1, 0, 0xFFFFFFFFFFFFFFF1ull, {0, 2}},
       Fetch{1, 2, 7, true, 99},
       QueryLayout{1, 0, 7, 100},
       Drop{1, 3, 7},

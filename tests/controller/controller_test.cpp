@@ -438,6 +438,21 @@ TEST(Controller, OpTableByNameWithTypedArguments) {
   EXPECT_EQ(status, 0);
 }
 
+// Monarch's mesh.rank / mesh.ranks and per-worker seeds, on 2 x 2 and 1 x 3 meshes.
+TEST(Controller, MonarchPerWorkerValues) {
+  EXPECT_EQ(run_controller(4,
+                           [&] {
+                             monarch_checks::check_per_worker_factories(controller::WorkerMesh({2, 2}, {"dp", "tp"}));
+                           }),
+            0);
+  EXPECT_EQ(
+      run_controller(3,
+                     [&] {
+                       monarch_checks::check_per_worker_factories(controller::WorkerMesh({3, 1}, {"host", "gpu"}));
+                     }),
+      0);
+}
+
 // Monarch's mesh reductions (sum, product, max, stack: all_gather, all_to_all, gather onto a
 // slice), fetch_shard's default and named coordinates, and drop(), on a 1-d and a 2-d mesh.
 TEST(Controller, MonarchReductionsFetchesAndDrop) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -142,6 +143,79 @@ inline void check_drop(const tessera::controller::WorkerMesh& mesh) {
   lent.drop();
   // The workers carry on.
   EXPECT_TRUE(allclose(controller::fetch_full(controller::ones({2}, mesh, replicated)).get(), ones({2}), 0, 0));
+}
+
+/// Monarch's mesh.rank / mesh.ranks and per-worker seeds on a 2-d mesh (axes named a, b): each
+/// worker's value is its own, made with no remote function. rank({a, b}) numbers the workers
+/// row-major; a reduction over a sums the ranks along it; manual_seed(seed, mesh, {a}) draws as a
+/// mesh-wide manual_seed(seed + i) does at the workers of row i, alike along b.
+inline void check_per_worker_factories(const tessera::controller::WorkerMesh& mesh) {
+  using namespace tessera;
+  using tessera::testing::throws_with;
+  ASSERT_EQ(mesh.spec().ndim(), 2);
+  const std::string a = mesh.spec().names()[0], b = mesh.spec().names()[1];
+  const int64_t na = mesh.spec().size(0), nb = mesh.spec().size(1);
+  const auto at = [](const controller::RemoteTensor& t, int64_t i, int64_t j) {
+    return controller::fetch_shard(t, {i, j}).get();
+  };
+  const controller::RemoteTensor along_a = mesh.rank(a), along_b = mesh.rank(b);
+  const controller::RemoteTensor row_major = mesh.rank({a, b}), column_major = mesh.rank({b, a});
+  const std::map<std::string, controller::RemoteTensor> ranks = mesh.ranks();
+  ASSERT_EQ(ranks.size(), 2u);
+  EXPECT_EQ(row_major.layout().global_shape(), Shape{});
+  EXPECT_EQ(row_major.layout().dtype(), DType::i64);
+  EXPECT_EQ(row_major.layout().placements(), (Placements{Replicate{}, Replicate{}}));
+  for (int64_t i = 0; i < na; ++i)
+    for (int64_t j = 0; j < nb; ++j) {
+      EXPECT_EQ(at(along_a, i, j).item<int64_t>(), i);
+      EXPECT_EQ(at(along_b, i, j).item<int64_t>(), j);
+      EXPECT_EQ(at(row_major, i, j).item<int64_t>(), i * nb + j);
+      EXPECT_EQ(at(column_major, i, j).item<int64_t>(), j * na + i);
+      EXPECT_EQ(at(ranks.at(a), i, j).item<int64_t>(), i);
+      EXPECT_EQ(at(ranks.at(b), i, j).item<int64_t>(), j);
+    }
+  // Monarch's reduce over a: every worker gets 0 + 1 + ... + (na - 1).
+  const controller::RemoteTensor summed = controller::reduce(controller::call("mul_scalar", {along_a}, {1.0}), {a});
+  for (int64_t j = 0; j < nb; ++j)
+    EXPECT_EQ(at(summed, na - 1, j).item<double>(), static_cast<double>(na * (na - 1) / 2));
+
+  // Per-worker seeds along a: row i draws what seed + i draws everywhere.
+  const Placements replicated{Replicate{}, Replicate{}};
+  controller::manual_seed(5, mesh, {a});
+  const controller::RemoteTensor own = controller::randn({4}, mesh, replicated);
+  std::vector<Tensor> rows;
+  for (int64_t i = 0; i < na; ++i) {
+    controller::manual_seed(5 + static_cast<uint64_t>(i), mesh);
+    rows.push_back(controller::fetch_shard(controller::randn({4}, mesh, replicated), {0, 0}).get());
+  }
+  for (int64_t i = 0; i < na; ++i)
+    for (int64_t j = 0; j < nb; ++j)
+      EXPECT_TRUE(allclose(at(own, i, j), rows[static_cast<size_t>(i)], 0, 0)) << i << ", " << j;
+  if (na > 1) {
+    EXPECT_FALSE(allclose(rows[0], rows[1], 0, 0));
+  }
+
+  // Errors name the call, the axis and the mesh.
+  const std::string where = mesh.to_string();
+  EXPECT_TRUE(throws_with<ShardingError>([&] { (void)mesh.rank("nope"); }, {"[WorkerMesh::rank]", "nope"}));
+  EXPECT_TRUE(throws_with<ValueError>([&] { (void)mesh.rank(std::vector<std::string>{}); },
+                                      {"[WorkerMesh::rank]", "one axis or more", where}));
+  EXPECT_TRUE(throws_with<ValueError>(
+      [&] {
+        (void)mesh.rank({a, a});
+      },
+      {"[WorkerMesh::rank]", a, "named twice", where}));
+  EXPECT_TRUE(throws_with<ValueError>([&] { controller::manual_seed(1, mesh, {}); },
+                                      {"[controller::manual_seed]", "one axis or more", where}));
+  EXPECT_TRUE(throws_with<ShardingError>([&] { controller::manual_seed(1, mesh, {"nope"}); },
+                                         {"[controller::manual_seed]", "nope"}));
+  EXPECT_TRUE(throws_with<ValueError>([&] { (void)controller::call("mesh_rank", {}, {}, {}, &mesh); },
+                                      {"mesh_rank", "mesh dims"}));
+  // A mesh dim out of range by name fails on the workers, at the result's future.
+  const controller::RemoteTensor bad = controller::call("mesh_rank", {}, {}, {7}, &mesh);
+  EXPECT_TRUE(throws_with<CommError>([&] { (void)controller::fetch_full(bad).get(); }, {"mesh dim 7", "out of range"}));
+  // The workers carry on.
+  EXPECT_EQ(at(mesh.rank(b), na - 1, nb - 1).item<int64_t>(), nb - 1);
 }
 
 }  // namespace monarch_checks

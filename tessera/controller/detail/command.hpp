@@ -169,14 +169,16 @@ struct CallRemote {
   }
   bool operator==(const CallRemote&) const = default;
 };
-/// manual_seed on the stream's generator.
+/// manual_seed on the stream's generator: `seed`, plus the worker's rank along `per_worker`
+/// (mesh dims, row-major) where it names any.
 struct Seed {
   int64_t mesh = -1;
   int64_t stream = 0;
   uint64_t seed = 0;
+  std::vector<int64_t> per_worker;
   template <class Self>
   static auto fields(Self& s) {
-    return std::tie(s.mesh, s.stream, s.seed);
+    return std::tie(s.mesh, s.stream, s.seed, s.per_worker);
   }
   bool operator==(const Seed&) const = default;
 };

@@ -78,6 +78,21 @@ OpArgs mesh_reduce_args(const CallArgs& a, const std::string& op) {
                         std::vector<int64_t>(a.ints.begin() + 2, a.ints.end())};
 }
 
+// ints: mesh dims, at least one.
+OpArgs mesh_dims_args(const CallArgs& a, const std::string& op) {
+  check_takes(a.scalars.empty() && !a.ints.empty() && no_structure(a), a, op, "integers [mesh dims...] (one or more)");
+  return DimArgs{a.ints};
+}
+
+// Monarch's mesh.rank(dims) on a worker: its rank along the mesh dims as a scalar i64 held
+// Replicate: each worker's value is its own, as Monarch's are.
+DTensor mesh_rank(const DimArgs& a, const DeviceMesh& mesh) {
+  FromLocalOptions global;
+  global.shape = Shape{};
+  return DTensor::from_local(tessera::full(Shape{}, Scalar(rank_along(mesh, a.dims)), DType::i64), mesh,
+                             Placements(static_cast<size_t>(mesh.ndim()), Replicate{}), global);
+}
+
 template <bool kValue>
 OpArgs factory_args(const CallArgs& a, const std::string& op) {
   check_takes(a.scalars.size() == (kValue ? 1 : 0) && a.ints.empty(), a, op,
@@ -172,6 +187,7 @@ Table make_table() {
   TESSERA_CONTROLLER_FACTORY(randn)
   TESSERA_CONTROLLER_FACTORY(rand)
 #undef TESSERA_CONTROLLER_FACTORY
+  t["mesh_rank"] = {0, mesh_dims_args, [](In, Args a, Mesh mesh) { return mesh_rank(args_of<DimArgs>(a), mesh); }};
   t["full"] = {0, factory_args<true>, [](In, Args a, Mesh mesh) {
                  const auto& f = args_of<FactoryArgs>(a);
                  return full(f.shape, f.value, mesh, f.placements, f.dtype);
@@ -191,6 +207,17 @@ std::map<std::string, RemoteFn>& remotes() {
 }
 
 }  // namespace
+
+int64_t rank_along(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims) {
+  const std::vector<int64_t> coordinate = mesh.coordinate();
+  int64_t rank = 0;
+  for (int64_t d : mesh_dims) {
+    TESSERA_CHECK(d >= 0 && d < mesh.ndim(), ShardingError, "mesh_rank", "mesh dim ", d, " is out of range for ",
+                  mesh.to_string(), " (", mesh.ndim(), " dims)");
+    rank = rank * mesh.size(d) + coordinate[static_cast<size_t>(d)];
+  }
+  return rank;
+}
 
 const OpRow* find_op(const std::string& name) {
   const auto it = table().find(name);

@@ -35,6 +35,11 @@ struct OpRow {
 
 /// The row of op `name`, or null.
 const OpRow* find_op(const std::string& name);
+
+/// The calling worker's rank along `mesh_dims` of `mesh`: its coordinates there, row-major (the
+/// first dim major; Monarch's mesh.rank(dims)), 0 for none. Throws ShardingError for a dim out of
+/// range.
+int64_t rank_along(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims);
 /// Every op's name, sorted.
 std::vector<std::string> op_row_names();
 

@@ -162,7 +162,7 @@ bool execute(const Command& command, WorkerShared& shared, StreamMeshes& meshes)
         } else if constexpr (std::is_same_v<T, SliceMesh>) {
           meshes.emplace(c.mesh, meshes.at(c.parent).slice(c.at));
         } else if constexpr (std::is_same_v<T, Seed>) {
-          tessera::manual_seed(c.seed);  // this stream's generator
+          tessera::manual_seed(c.seed + rank_along(meshes.at(c.mesh).working, c.per_worker));  // this stream's
         } else if constexpr (std::is_same_v<T, Drop>) {
           shared.erase(c.tensor);
         } else if constexpr (std::is_same_v<T, Signal>) {
