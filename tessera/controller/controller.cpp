@@ -664,6 +664,93 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
   return result;
 }
 
+namespace {
+
+// The mesh dims of t's mesh that `slice` fixes: a slice of that mesh (its ranks inside it, its
+// axes the others in order), else ShardingError naming both.
+std::vector<int64_t> sliced_dims(const RemoteTensor& t, const WorkerMesh& slice, const char* call) {
+  const MeshSpec& from = t.mesh().spec();
+  std::vector<int64_t> fixed;
+  std::vector<std::string> rest;
+  for (int64_t d = 0; d < from.ndim(); ++d) {
+    const std::string& name = from.names()[static_cast<size_t>(d)];
+    const auto& kept = slice.spec().names();
+    if (std::find(kept.begin(), kept.end(), name) == kept.end())
+      fixed.push_back(d);
+    else
+      rest.push_back(name);
+  }
+  bool inside = slice.spec().names() == rest && !fixed.empty();
+  for (int r : slice.spec().ranks()) inside = inside && from.contains(r);
+  TESSERA_CHECK(inside, ShardingError, call, describe(slice), " is not a slice of ", describe(t.mesh()),
+                " (WorkerMesh::slice at some of its axes)");
+  return fixed;
+}
+
+// t onto `slice` of its mesh: the identity row 'mesh_slice' run by t's workers, its result kept
+// by the slice's (run_op's `onto`), as reduce onto a slice keeps its result.
+RemoteTensor slice_onto(detail::ControllerState& state, const RemoteTensor& t, const WorkerMesh& slice,
+                        std::vector<int64_t> fixed) {
+  detail::RunOp command;
+  command.mesh = t.mesh().id();
+  command.stream = state.active_stream;
+  command.op = "mesh_slice";
+  command.inputs = {t.id()};
+  command.args = detail::MeshReduceArgs{MeshReduction::sum, false, std::move(fixed)};
+  command.onto = slice.id();
+  command.output = state.next_tensor++;
+  auto layout = state.future<Layout>();
+  command.layout_request = detail::layout_request(state, layout, slice);
+  RemoteTensor result = detail::TensorHandle::make(command.output, slice, layout, state.active_stream);
+  state.send(t.mesh().spec().ranks(), std::move(command));
+  return result;
+}
+
+// The slice of `mesh` at `at`, its coordinates checked first so that errors name `call`.
+WorkerMesh slice_at(const WorkerMesh& mesh, const std::map<std::string, int64_t>& at, const char* call) {
+  TESSERA_CHECK(!at.empty(), ValueError, call, "name one axis or more of ", describe(mesh), " to slice at");
+  for (const auto& [axis, index] : at) {
+    const int64_t d = mesh.spec().dim_of(axis, call);
+    TESSERA_CHECK(index >= 0 && index < mesh.spec().size(d), ShardingError, call, "index ", index, " is outside axis '",
+                  axis, "' of ", describe(mesh));
+  }
+  return mesh.slice(at);
+}
+
+void check_sliceable(const detail::ControllerState& state, const RemoteTensor& t, const char* call) {
+  TESSERA_CHECK(t.defined(), ValueError, call, "undefined RemoteTensor");
+  check_read(state, t, call);
+}
+
+}  // namespace
+
+RemoteTensor RemoteTensor::slice_mesh(const std::map<std::string, int64_t>& at) const {
+  detail::ControllerState& state = detail::require_mesh("RemoteTensor::slice_mesh");
+  check_sliceable(state, *this, "RemoteTensor::slice_mesh");
+  const WorkerMesh slice = slice_at(mesh(), at, "RemoteTensor::slice_mesh");
+  return slice_onto(state, *this, slice, sliced_dims(*this, slice, "RemoteTensor::slice_mesh"));
+}
+
+RemoteTensor RemoteTensor::slice_mesh(const WorkerMesh& slice) const {
+  detail::ControllerState& state = detail::require_mesh("RemoteTensor::slice_mesh");
+  check_sliceable(state, *this, "RemoteTensor::slice_mesh");
+  return slice_onto(state, *this, slice, sliced_dims(*this, slice, "RemoteTensor::slice_mesh"));
+}
+
+std::vector<RemoteTensor> slice_mesh(const std::vector<RemoteTensor>& tensors,
+                                     const std::map<std::string, int64_t>& at) {
+  detail::ControllerState& state = detail::require_mesh("slice_mesh");
+  for (const RemoteTensor& t : tensors) check_sliceable(state, t, "slice_mesh");
+  std::map<int64_t, WorkerMesh> slices;  // by the id of the mesh sliced: one slice per mesh
+  std::vector<RemoteTensor> out;
+  for (const RemoteTensor& t : tensors) {
+    auto it = slices.find(t.mesh().id());
+    if (it == slices.end()) it = slices.emplace(t.mesh().id(), slice_at(t.mesh(), at, "slice_mesh")).first;
+    out.push_back(slice_onto(state, t, it->second, sliced_dims(t, it->second, "slice_mesh")));
+  }
+  return out;
+}
+
 void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op, bool scatter) {
   reduce_(t, axes, mesh_reduction(op), scatter);
 }

@@ -124,6 +124,16 @@ class RemoteTensor {
   void drop() const;
   /// Whether drop() was called on this handle or a copy of it.
   bool dropped() const;
+  /// Monarch's t.slice_mesh(**coords): the tensor on the slice of its mesh at `at` (the mesh of
+  /// the other axes, WorkerMesh::slice), each worker of the slice keeping its block, enqueued
+  /// without waiting. The sliced axes must hold the tensor Replicate (a worker's own value in
+  /// Monarch's sense): where one is Shard or Partial, a slice holds part of the tensor or of the
+  /// sum, and the result fails at its futures naming the axis (redistribute or reduce first).
+  /// Throws ShardingError for an unknown axis or an index out of range, ValueError for no axis.
+  RemoteTensor slice_mesh(const std::map<std::string, int64_t>& at) const;
+  /// The same onto `slice`, a slice of this tensor's mesh (WorkerMesh::slice), so that tensors
+  /// sliced apart share one mesh. Throws ShardingError when it is not one.
+  RemoteTensor slice_mesh(const WorkerMesh& slice) const;
 
  private:
   explicit RemoteTensor(std::shared_ptr<detail::TensorHandle> handle) : handle_(std::move(handle)) {}
@@ -284,6 +294,12 @@ void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, MeshRe
              bool scatter = false);
 void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op = ReduceOp::sum,
              bool scatter = false);
+
+/// Monarch's slice_mesh(tensors, **coords) over a list: each tensor on the slice of its mesh at
+/// `at`, tensors of one mesh on one slice (so ops can combine them). Throws as
+/// RemoteTensor::slice_mesh.
+std::vector<RemoteTensor> slice_mesh(const std::vector<RemoteTensor>& tensors,
+                                     const std::map<std::string, int64_t>& at);
 
 /// Monarch's no_mesh: while one is alive, issuing work (an op, a factory, a remote function, a
 /// reduce, a seed) is a ValueError, so that code meant to run on the controller alone cannot

@@ -76,6 +76,8 @@ TEST(ControllerMpi, WorkersAsProcesses) {
     // mesh.rank, mesh.ranks and per-worker seeds, the workers along each axis in turn.
     monarch_checks::check_per_worker_factories(controller::WorkerMesh({workers, 1}, {"host", "gpu"}));
     monarch_checks::check_per_worker_factories(controller::WorkerMesh({1, workers}, {"host", "gpu"}));
+    monarch_checks::check_slice_mesh(controller::WorkerMesh({workers, 1}, {"host", "gpu"}));
+    monarch_checks::check_slice_mesh(controller::WorkerMesh({1, workers}, {"host", "gpu"}));
     if (workers % 2 == 0) monarch_checks::check_mesh_reductions(controller::WorkerMesh({2, workers / 2}, {"a", "b"}));
     // A fetch never waited for is received at shutdown (the workers end cleanly).
     (void)controller::fetch_shard(y, {workers - 1});

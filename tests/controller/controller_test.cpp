@@ -438,7 +438,21 @@ TEST(Controller, OpTableByNameWithTypedArguments) {
   EXPECT_EQ(status, 0);
 }
 
-// Monarch's mesh.rank / mesh.ranks and per-worker seeds, on 2 x 2 and 1 x 3 meshes.
+// Monarch's slice_mesh of a tensor and of a list, on 2 x 2 and 3 x 1 meshes.
+TEST(Controller, MonarchSliceMesh) {
+  EXPECT_EQ(run_controller(4,
+                           [&] {
+                             monarch_checks::check_slice_mesh(controller::WorkerMesh({2, 2}, {"dp", "tp"}));
+                           }),
+            0);
+  EXPECT_EQ(run_controller(3,
+                           [&] {
+                             monarch_checks::check_slice_mesh(controller::WorkerMesh({3, 1}, {"host", "gpu"}));
+                           }),
+            0);
+}
+
+// Monarch's mesh.rank / mesh.ranks and per-worker seeds, on 2 x 2 and 3 x 1 meshes.
 TEST(Controller, MonarchPerWorkerValues) {
   EXPECT_EQ(run_controller(4,
                            [&] {

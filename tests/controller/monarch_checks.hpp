@@ -218,4 +218,67 @@ inline void check_per_worker_factories(const tessera::controller::WorkerMesh& me
   EXPECT_EQ(at(mesh.rank(b), na - 1, nb - 1).item<int64_t>(), nb - 1);
 }
 
+/// Monarch's slice_mesh on a 2-d mesh (axes a, b): a per-worker value sliced at a = i lives on the
+/// slice of the b axis and keeps each worker's value; a list sliced in one call shares one slice;
+/// onto a slice made beforehand; a tensor sharded along the sliced axis fails at its future; the
+/// errors of the call.
+inline void check_slice_mesh(const tessera::controller::WorkerMesh& mesh) {
+  using namespace tessera;
+  using tessera::testing::throws_with;
+  ASSERT_EQ(mesh.spec().ndim(), 2);
+  const std::string a = mesh.spec().names()[0], b = mesh.spec().names()[1];
+  const int64_t na = mesh.spec().size(0), nb = mesh.spec().size(1);
+  const controller::RemoteTensor mine = mesh.rank({a, b});  // worker (i, j) holds i nb + j
+  const int64_t i = na - 1;
+  const controller::RemoteTensor row = mine.slice_mesh({{a, i}});
+  EXPECT_EQ(row.mesh().spec().names(), std::vector<std::string>{b});
+  EXPECT_EQ(row.mesh().spec().size(), nb);
+  for (int64_t j = 0; j < nb; ++j) {
+    EXPECT_EQ(controller::fetch_shard(row, {j}).get().item<int64_t>(), i * nb + j);
+    EXPECT_EQ(row.mesh().spec().ranks()[static_cast<size_t>(j)], mesh.spec().ranks()[static_cast<size_t>(i * nb + j)]);
+  }
+  EXPECT_EQ(row.layout().placements(), (Placements{Replicate{}}));
+  // A list sliced in one call shares one slice, so its tensors combine.
+  const controller::RemoteTensor twos = controller::full({3}, 2.0, mesh, {Replicate{}, Replicate{}});
+  const std::vector<controller::RemoteTensor> both = controller::slice_mesh({mine, twos}, {{b, 0}});
+  ASSERT_EQ(both.size(), 2u);
+  EXPECT_EQ(both[0].mesh().id(), both[1].mesh().id());
+  const controller::RemoteTensor sum = controller::add(both[1], controller::call("mul_scalar", {both[0]}, {1.0}));
+  for (int64_t k = 0; k < na; ++k)
+    EXPECT_TRUE(allclose(controller::fetch_shard(sum, {k}).get(), full({3}, 2.0 + static_cast<double>(k * nb)), 0, 0));
+  // Onto a slice made beforehand: two tensors sliced apart share it.
+  const controller::WorkerMesh column = mesh.slice({{b, nb - 1}});
+  const controller::RemoteTensor x = twos.slice_mesh(column),
+                                 y = controller::ones({3}, mesh, {Replicate{}, Replicate{}}).slice_mesh(column);
+  EXPECT_TRUE(allclose(controller::fetch_full(controller::add(x, y)).get(), full({3}, 3.0), 0, 0));
+  // Sharded along the sliced axis: the slice would hold one piece; the future says so.
+  const controller::RemoteTensor split = controller::zeros({2 * na, 2}, mesh, {Shard{0}, Replicate{}});
+  if (na > 1) {
+    EXPECT_TRUE(throws_with<CommError>(
+        [&] {
+          (void)controller::fetch_full(split.slice_mesh({{a, 0}})).get();
+        },
+        {"slice_mesh", "S(0)", a, "Replicate"}));
+  }
+  // Errors at the call.
+  EXPECT_TRUE(throws_with<ShardingError>(
+      [&] {
+        (void)mine.slice_mesh({{"nope", 0}});
+      },
+      {"[RemoteTensor::slice_mesh]", "nope"}));
+  EXPECT_TRUE(throws_with<ShardingError>(
+      [&] {
+        (void)mine.slice_mesh({{a, na}});
+      },
+      {"[RemoteTensor::slice_mesh]", "index " + std::to_string(na), a}));
+  EXPECT_TRUE(throws_with<ValueError>([&] { (void)mine.slice_mesh(std::map<std::string, int64_t>{}); },
+                                      {"[RemoteTensor::slice_mesh]", "one axis or more"}));
+  EXPECT_TRUE(throws_with<ShardingError>([&] { (void)row.slice_mesh(column); },
+                                         {"[RemoteTensor::slice_mesh]", "is not a slice of"}));
+  EXPECT_TRUE(
+      throws_with<ValueError>([&] { (void)controller::call("mesh_slice", {mine}); }, {"mesh_slice", "slice_mesh"}));
+  // The workers carry on.
+  EXPECT_EQ(controller::fetch_shard(mesh.rank(b).slice_mesh({{a, 0}}), {nb - 1}).get().item<int64_t>(), nb - 1);
+}
+
 }  // namespace monarch_checks

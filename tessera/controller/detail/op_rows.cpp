@@ -78,6 +78,27 @@ OpArgs mesh_reduce_args(const CallArgs& a, const std::string& op) {
                         std::vector<int64_t>(a.ints.begin() + 2, a.ints.end())};
 }
 
+// The identity that RemoteTensor::slice_mesh issues with a slice to keep the result on; not
+// callable by name (on its own mesh it would do nothing).
+OpArgs slice_args(const CallArgs& a, const std::string& op) {
+  check_takes(false, a, op, "no call by name: RemoteTensor::slice_mesh issues it");
+  return NoArgs{};
+}
+
+// On a worker of the sliced mesh: t itself, once every sliced mesh dim holds it Replicate (a
+// slice keeps one coordinate of each, which holds all of it only then).
+DTensor mesh_slice(const DTensor& t, const MeshReduceArgs& a, const DeviceMesh& mesh) {
+  for (int64_t d : a.mesh_dims) {
+    const Placement& p = t.placements()[static_cast<size_t>(d)];
+    TESSERA_CHECK(is_replicate(p), ShardingError, "slice_mesh", "the tensor is ", to_string(t.placements()), " on ",
+                  mesh.to_string(), ": ", to_string(p), " along axis '", mesh.axis_names()[static_cast<size_t>(d)],
+                  "', so a slice at one of its coordinates holds ",
+                  is_partial(p) ? "one term of the sum" : "one piece of the tensor",
+                  "; reduce or redistribute it to Replicate along that axis first");
+  }
+  return t;
+}
+
 // ints: mesh dims, at least one.
 OpArgs mesh_dims_args(const CallArgs& a, const std::string& op) {
   check_takes(a.scalars.empty() && !a.ints.empty() && no_structure(a), a, op, "integers [mesh dims...] (one or more)");
@@ -187,6 +208,8 @@ Table make_table() {
   TESSERA_CONTROLLER_FACTORY(randn)
   TESSERA_CONTROLLER_FACTORY(rand)
 #undef TESSERA_CONTROLLER_FACTORY
+  t["mesh_slice"] = {1, slice_args,
+                     [](In in, Args a, Mesh mesh) { return mesh_slice(in.at(0), args_of<MeshReduceArgs>(a), mesh); }};
   t["mesh_rank"] = {0, mesh_dims_args, [](In, Args a, Mesh mesh) { return mesh_rank(args_of<DimArgs>(a), mesh); }};
   t["full"] = {0, factory_args<true>, [](In, Args a, Mesh mesh) {
                  const auto& f = args_of<FactoryArgs>(a);
