@@ -73,39 +73,92 @@ void CommDebugMode::reset() {
   seconds_.clear();
 }
 
-std::string CommDebugMode::to_string() const {
-  if (calls_.empty()) return "no communication";
-  struct Row {
-    std::string kind;
-    int64_t count = 0, sent = 0, received = 0;
-  };
-  std::vector<Row> rows;
-  // std::map orders kinds as the X-macro list does, so the table reads in a fixed order.
-  for (const auto& [kind, n] : counts()) rows.push_back({std::string(name(kind)), n, bytes_sent(kind), bytes_received(kind)});
-  rows.push_back({"total", total_count(), total_bytes_sent(), total_bytes_received()});
+namespace {
 
-  const std::array<std::string, 4> header = {"kind", "count", "bytes sent", "bytes received"};
+struct Row {
+  std::string label;
+  int64_t count = 0, sent = 0, received = 0;
+};
+
+// Rows under `first`, "count", "bytes sent", "bytes received": labels left-aligned, numbers
+// right-aligned, two spaces between columns, no trailing spaces or newline.
+std::string table(const std::string& first, const std::vector<Row>& rows, bool right_labels) {
+  const std::array<std::string, 4> header = {first, "count", "bytes sent", "bytes received"};
   std::array<size_t, 4> width{};
   for (size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
   for (const Row& r : rows) {
-    width[0] = std::max(width[0], r.kind.size());
+    width[0] = std::max(width[0], r.label.size());
     width[1] = std::max(width[1], std::to_string(r.count).size());
     width[2] = std::max(width[2], std::to_string(r.sent).size());
     width[3] = std::max(width[3], std::to_string(r.received).size());
   }
   std::ostringstream out;
-  // Names left-aligned, numbers right-aligned, two spaces between columns, no trailing spaces.
-  auto line = [&](const std::string& kind, const std::string& a, const std::string& b, const std::string& c) {
-    out << kind << std::string(width[0] - kind.size(), ' ');
+  auto line = [&](const std::string& label, const std::string& a, const std::string& b, const std::string& c,
+                  bool right) {
+    const std::string pad(width[0] - label.size(), ' ');
+    out << (right ? pad + label : label + pad);
     out << "  " << std::string(width[1] - a.size(), ' ') << a;
     out << "  " << std::string(width[2] - b.size(), ' ') << b;
     out << "  " << std::string(width[3] - c.size(), ' ') << c << '\n';
   };
-  line(header[0], header[1], header[2], header[3]);
-  for (const Row& r : rows) line(r.kind, std::to_string(r.count), std::to_string(r.sent), std::to_string(r.received));
+  line(header[0], header[1], header[2], header[3], false);
+  for (const Row& r : rows)
+    line(r.label, std::to_string(r.count), std::to_string(r.sent), std::to_string(r.received),
+         right_labels && r.label != "total");
   std::string text = out.str();
   text.pop_back();  // no trailing newline, like the other to_string()s
   return text;
+}
+
+// Takes a scope off its thread's observers until it goes (a gather the scope makes about itself
+// is not its own communication), and puts it back however the gather ends.
+class Unobserved {
+ public:
+  explicit Unobserved(CommObserver* scope) : scope_(scope) { remove_comm_observer(scope_); }
+  ~Unobserved() { add_comm_observer(scope_); }
+  Unobserved(const Unobserved&) = delete;
+  Unobserved& operator=(const Unobserved&) = delete;
+
+ private:
+  CommObserver* scope_;
+};
+
+}  // namespace
+
+std::string CommDebugMode::to_string() const {
+  if (calls_.empty()) return "no communication";
+  std::vector<Row> rows;
+  // std::map orders kinds as the X-macro list does, so the table reads in a fixed order.
+  for (const auto& [kind, n] : counts())
+    rows.push_back({std::string(name(kind)), n, bytes_sent(kind), bytes_received(kind)});
+  rows.push_back({"total", total_count(), total_bytes_sent(), total_bytes_received()});
+  return table("kind", rows, /*right_labels=*/false);
+}
+
+std::vector<CommDebugMode::RankFigures> CommDebugMode::all_ranks(Communicator& comm) {
+  const std::array<int64_t, 3> mine = {total_count(), total_bytes_sent(), total_bytes_received()};
+  std::vector<int64_t> every(3 * static_cast<size_t>(comm.size()));
+  {
+    const Unobserved quiet(this);
+    comm.all_gather(mine.data(), every.data(), 3, DType::i64);
+  }
+  std::vector<RankFigures> out;
+  for (int r = 0; r < comm.size(); ++r) {
+    const size_t at = 3 * static_cast<size_t>(r);
+    out.push_back({r, every[at], every[at + 1], every[at + 2]});
+  }
+  return out;
+}
+
+std::string CommDebugMode::all_ranks_table(Communicator& comm) {
+  std::vector<Row> rows;
+  Row total{"total"};
+  for (const RankFigures& f : all_ranks(comm)) {
+    rows.push_back({std::to_string(f.rank), f.calls, f.bytes_sent, f.bytes_received});
+    total.count += f.calls, total.sent += f.bytes_sent, total.received += f.bytes_received;
+  }
+  rows.push_back(total);
+  return table("rank", rows, /*right_labels=*/true);
 }
 
 }  // namespace tessera

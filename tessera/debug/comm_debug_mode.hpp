@@ -63,6 +63,32 @@ class CommDebugMode final : public CommObserver {
   ///   total           1          24              24
   std::string to_string() const;
 
+  /// PyTorch's names for counts() and total_count().
+  std::map<CollectiveKind, int64_t> get_comm_counts() const { return counts(); }
+  int64_t get_total_counts() const { return total_count(); }
+
+  /// One rank's totals in all_ranks(): its rank in the communicator, its calls, the bytes it sent
+  /// and received.
+  struct RankFigures {
+    int rank = 0;
+    int64_t calls = 0;
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+    bool operator==(const RankFigures&) const = default;
+  };
+  /// Every rank's totals so far, not only the calling one's, in rank order: gathered over `comm`,
+  /// so it is collective (every rank of comm calls it, each with its own scope open, on the thread
+  /// that opened it). This scope does not record the gather itself; scopes around it do. Throws
+  /// what the gather throws, with the scope recording again.
+  std::vector<RankFigures> all_ranks(Communicator& comm);
+  /// all_ranks(comm) as a table, a row per rank, then a total row. Example, 2 ranks after one
+  /// all_reduce of 6 f32 each:
+  ///   rank   count  bytes sent  bytes received
+  ///       0      1          24              24
+  ///       1      1          24              24
+  ///   total      2          48              48
+  std::string all_ranks_table(Communicator& comm);
+
   /// Wall seconds this rank spent inside blocking calls of one kind (waiting for peers included).
   double seconds(CollectiveKind kind) const;
   /// Wall seconds inside blocking calls, over all kinds.

@@ -7,6 +7,8 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -212,5 +214,70 @@ TEST(CommDebugMode, ToStringTable) {
                 "barrier         1           0               0\n"
                 "total           3          48              48");
     }
+  });
+}
+
+// all_ranks: every rank's totals, gathered, so a rank sees what the others did. Even ranks do one
+// all_reduce more (on their own sub-communicator); each rank checks every other rank's figures
+// from that arithmetic, the split's bytes read off its own scope (every rank's split is alike).
+TEST(CommDebugMode, AllRanksSeesEveryRanksTotals) {
+  for_each_world({1, 2, 4}, [] {
+    const int r = rank(), n = world_size();
+    CommDebugMode outer;
+    CommDebugMode mode;
+    std::vector<float> buf(6, 1.0f);
+    world().all_reduce(buf.data(), 6, DType::f32, ReduceOp::sum);
+    std::shared_ptr<Communicator> parity = world().split(r % 2, r);
+    if (r % 2 == 0) parity->all_reduce(buf.data(), 3, DType::f32, ReduceOp::sum);
+    const int64_t split_sent = mode.bytes_sent(CollectiveKind::split);
+    const int64_t split_received = mode.bytes_received(CollectiveKind::split);
+    const int64_t own_calls = mode.total_count();
+
+    const std::vector<CommDebugMode::RankFigures> every = mode.all_ranks(world());
+    ASSERT_EQ(static_cast<int>(every.size()), n);
+    const int evens = (n + 1) / 2;
+    for (int q = 0; q < n; ++q) {
+      const bool even = q % 2 == 0;
+      const int64_t reduced = all_reduce_bytes(6, 4, n) + (even ? all_reduce_bytes(3, 4, evens) : 0);
+      EXPECT_EQ(every[static_cast<size_t>(q)],
+                (CommDebugMode::RankFigures{q, even ? 3 : 2, reduced + split_sent, reduced + split_received}))
+          << "rank " << q << " seen from rank " << r;
+    }
+    EXPECT_EQ(every[static_cast<size_t>(r)].bytes_sent, mode.total_bytes_sent());
+    // The gather is not this scope's communication; the scope around it sees it.
+    EXPECT_EQ(mode.total_count(), own_calls);
+    EXPECT_EQ(outer.count(CollectiveKind::all_gather), 1);
+    // Recording goes on after it.
+    world().barrier();
+    EXPECT_EQ(mode.count(CollectiveKind::barrier), 1);
+
+    // The table: a header, a row per rank, the total; numbers right-aligned, so every line is as
+    // long as the header.
+    const std::vector<CommDebugMode::RankFigures> now = mode.all_ranks(world());
+    const std::string text = mode.all_ranks_table(world());
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) lines.push_back(line);
+    ASSERT_EQ(static_cast<int>(lines.size()), n + 2) << text;
+    EXPECT_EQ(lines[0], "rank   count  bytes sent  bytes received") << text;
+    const auto words = [](const std::string& line) {
+      std::istringstream w(line);
+      std::vector<std::string> out;
+      for (std::string x; w >> x;) out.push_back(x);
+      return out;
+    };
+    int64_t calls = 0, sent = 0, received = 0;
+    for (int q = 0; q < n; ++q) {
+      const CommDebugMode::RankFigures& f = now[static_cast<size_t>(q)];
+      EXPECT_EQ(words(lines[static_cast<size_t>(q) + 1]),
+                (std::vector<std::string>{std::to_string(q), std::to_string(f.calls), std::to_string(f.bytes_sent),
+                                          std::to_string(f.bytes_received)}))
+          << text;
+      calls += f.calls, sent += f.bytes_sent, received += f.bytes_received;
+    }
+    EXPECT_EQ(words(lines.back()), (std::vector<std::string>{"total", std::to_string(calls), std::to_string(sent),
+                                                             std::to_string(received)}))
+        << text;
+    for (const std::string& line : lines) EXPECT_EQ(line.size(), lines[0].size()) << text;
   });
 }
