@@ -74,19 +74,22 @@ uint64_t layout_request(ControllerState& state, const std::shared_ptr<FutureStat
   return state.transport->expect(layout, mesh.spec().ranks().front(), mesh.spec());
 }
 
-// Op `op` with typed arguments on `mesh`, its inputs checked already: a new tensor.
+// Op `op` with typed arguments run by the workers of `mesh`, its inputs checked already: a new
+// tensor on `mesh`, or with `onto` (a slice of mesh) kept by the slice's workers (run_op's onto).
 RemoteTensor issue_op(ControllerState& state, const std::string& op, const std::vector<RemoteTensor>& inputs,
-                      OpArgs args, const WorkerMesh& mesh) {
+                      OpArgs args, const WorkerMesh& mesh, const WorkerMesh* onto = nullptr) {
+  const WorkerMesh& result_mesh = onto ? *onto : mesh;
   RunOp command;
   command.mesh = mesh.id();
   command.stream = state.active_stream;
   command.op = op;
   for (const RemoteTensor& t : inputs) command.inputs.push_back(t.id());
   command.args = std::move(args);
+  command.onto = onto ? onto->id() : -1;
   command.output = state.next_tensor++;
   auto layout = state.future<Layout>();
-  command.layout_request = layout_request(state, layout, mesh);
-  RemoteTensor result = TensorHandle::make(command.output, mesh, layout, state.active_stream);
+  command.layout_request = layout_request(state, layout, result_mesh);
+  RemoteTensor result = TensorHandle::make(command.output, result_mesh, layout, state.active_stream);
   state.send(mesh.spec().ranks(), std::move(command));
   return result;
 }
@@ -112,6 +115,15 @@ std::string describe(const WorkerMesh& mesh) {
   text = text.substr(0, text.find(" ranks")) + " on workers [";
   for (size_t i = 0; i < mesh.spec().ranks().size(); ++i) text.append(i ? ", " : "").append(std::to_string(mesh.spec().ranks()[i]));
   return text + "]";
+}
+
+// Whether `slice` is a slice of `from` keeping the axes `kept` (in from's order): its axes are
+// those, its workers all from's (reduce onto a slice, slice_mesh).
+bool is_slice_keeping(const MeshSpec& from, const MeshSpec& slice, const std::vector<std::string>& kept) {
+  if (slice.names() != kept) return false;
+  for (int r : slice.ranks())
+    if (!from.contains(r)) return false;
+  return true;
 }
 
 std::string stream_name(const detail::ControllerState& state, int64_t id) {
@@ -635,10 +647,9 @@ RemoteTensor reduce(const RemoteTensor& t, const std::vector<std::string>& axes,
     std::vector<std::string> rest;
     for (const std::string& name : from.names())
       if (std::find(axes.begin(), axes.end(), name) == axes.end()) rest.push_back(name);
-    bool inside = onto->spec().names() == rest;
-    for (int r : onto->spec().ranks()) inside = inside && from.contains(r);
-    TESSERA_CHECK(inside && !scatter, ShardingError, "reduce", "the target ", describe(*onto),
-                  " must be a slice of ", describe(t.mesh()), " over its other axes", scatter ? ", without scatter" : "");
+    TESSERA_CHECK(is_slice_keeping(from, onto->spec(), rest) && !scatter, ShardingError, "reduce", "the target ",
+                  describe(*onto), " must be a slice of ", describe(t.mesh()), " over its other axes",
+                  scatter ? ", without scatter" : "");
   }
   const WorkerMesh& result_mesh = onto ? *onto : t.mesh();
   if (out) {
@@ -680,30 +691,18 @@ std::vector<int64_t> sliced_dims(const RemoteTensor& t, const WorkerMesh& slice,
     else
       rest.push_back(name);
   }
-  bool inside = slice.spec().names() == rest && !fixed.empty();
-  for (int r : slice.spec().ranks()) inside = inside && from.contains(r);
-  TESSERA_CHECK(inside, ShardingError, call, describe(slice), " is not a slice of ", describe(t.mesh()),
-                " (WorkerMesh::slice at some of its axes)");
+  TESSERA_CHECK(!fixed.empty() && is_slice_keeping(from, slice.spec(), rest), ShardingError, call, describe(slice),
+                " is not a slice of ", describe(t.mesh()), " (WorkerMesh::slice at some of its axes)");
   return fixed;
 }
 
 // t onto `slice` of its mesh: the identity row 'mesh_slice' run by t's workers, its result kept
-// by the slice's (run_op's `onto`), as reduce onto a slice keeps its result.
+// by the slice's, as reduce onto a slice keeps its result (run_op reads the fixed dims from the
+// MeshReduceArgs; the reduction is unused).
 RemoteTensor slice_onto(detail::ControllerState& state, const RemoteTensor& t, const WorkerMesh& slice,
                         std::vector<int64_t> fixed) {
-  detail::RunOp command;
-  command.mesh = t.mesh().id();
-  command.stream = state.active_stream;
-  command.op = "mesh_slice";
-  command.inputs = {t.id()};
-  command.args = detail::MeshReduceArgs{MeshReduction::sum, false, std::move(fixed)};
-  command.onto = slice.id();
-  command.output = state.next_tensor++;
-  auto layout = state.future<Layout>();
-  command.layout_request = detail::layout_request(state, layout, slice);
-  RemoteTensor result = detail::TensorHandle::make(command.output, slice, layout, state.active_stream);
-  state.send(t.mesh().spec().ranks(), std::move(command));
-  return result;
+  return detail::issue_op(state, "mesh_slice", {t}, detail::MeshReduceArgs{MeshReduction::sum, false, std::move(fixed)},
+                          t.mesh(), &slice);
 }
 
 // The slice of `mesh` at `at`, its coordinates checked first so that errors name `call`.

@@ -281,8 +281,9 @@ ReceiveBound partial_destination_bound(const Layout& src, const Layout& dst, con
 //   its own, unless one exchange (tie 0.5; after the reductions if any) does the rest.
 // It never overestimates, and a step lowers it by at most the step's own score, so A* with it
 // returns what Dijkstra would.
-// `lack` is lacking(at, dst, bound_only): the caller computes it (it visits classes of ranks),
-// or passes nothing for a weaker bound that orders layouts the search may never expand.
+// `lack`: what at lacks of dst, lacking(at, dst, bound_only) (bound_lacking; it visits classes of
+// ranks), or origin_lacking's cheaper figures (quick_bound), a weaker bound that orders layouts
+// the search may never expand.
 double remaining_bound(const Layout& at, const Layout& dst, const PlanOptions& options, const detail::Lacking& lack) {
   if (at == dst) return 0;
   const bool same_mesh = at.mesh() == dst.mesh();
@@ -505,11 +506,10 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     double estimate;  // score + remaining_bound: what the search orders by
     double score;
     Layout layout;
-    bool exact;  // the estimate used the full bound, not the quick one
+    // What the layout lacks of dst (bound_lacking) where the estimate is the full bound; unset
+    // where it is the quick one. An exchange from the layout to dst starts from the same figures.
+    std::optional<detail::Lacking> lack;
     int exchange = -1;  // an exchange to exchange_target not priced yet: its index in `exchanges`
-    // What the layout lacks of dst, where the estimate computed it: an exchange from it to dst
-    // starts from the same figures.
-    std::optional<detail::Lacking> lack = std::nullopt;
   };
   // Exchanges wait in the frontier at a bound on their score, found on some ranks, and are
   // priced exactly (which visits every class of ranks) only when that bound comes up: a search
@@ -520,7 +520,7 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
   std::priority_queue<Entry, std::vector<Entry>, decltype(later)> frontier(later);
   reached.emplace(src, Reached{0, -1});
   const detail::Lacking src_lack = bound_lacking(src, dst);
-  frontier.push({remaining_bound(src, dst, options, src_lack), 0, src, true, -1, src_lack});
+  frontier.push({remaining_bound(src, dst, options, src_lack), 0, src, src_lack});
 
   auto relax = [&](const Layout& from, double base, PlanStep step) {
     const double score = base + step_score(step, options);
@@ -531,7 +531,7 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     edges.push_back({via, std::move(step)});
     reached[to] = Reached{score, static_cast<int>(edges.size()) - 1};
     // The full bound waits until the layout comes up: most layouts reached never do.
-    frontier.push({score + quick_bound(to, dst, options), score, to, false});
+    frontier.push({score + quick_bound(to, dst, options), score, to, std::nullopt});
   };
 
   while (!frontier.empty()) {
@@ -551,11 +551,11 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
     auto& node = reached.at(at);
     if (node.done || score > node.score) continue;
     std::optional<detail::Lacking> lack = top.lack;
-    if (!top.exact && !(at == dst)) {
+    if (!lack && !(at == dst)) {
       lack = bound_lacking(at, dst);
       const double estimate = score + remaining_bound(at, dst, options, *lack);
       if (estimate > top.estimate + 1e-9) {
-        frontier.push({estimate, score, at, true, -1, lack});
+        frontier.push({estimate, score, at, lack});
         continue;
       }
     }
@@ -580,7 +580,7 @@ Plan plan(const Layout& src, const Layout& dst, const PlanOptions& options) {
       const auto known = reached.find(exchange_target);
       if (known != reached.end() && least >= known->second.score) continue;
       exchanges.emplace_back(at, score);
-      frontier.push({least + quick_bound(exchange_target, dst, options), least, exchange_target, false,
+      frontier.push({least + quick_bound(exchange_target, dst, options), least, exchange_target, std::nullopt,
                      static_cast<int>(exchanges.size()) - 1});
     }
   }
