@@ -26,6 +26,10 @@ struct Meta {
   std::any grad;
   /// Leaves: adds `incoming` into `grad`, converting it to the leaf's dtype and layout.
   std::function<void(Meta&, const std::any& incoming)> accumulate;
+  /// Set on the result of an op whose sharded implementation ran above autograd (a function
+  /// handler, tessera/dtensor/dispatch_handlers.hpp): the handler recorded the result's graph, so
+  /// the op's own derivative is not recorded over it. The op's recording clears it.
+  bool recorded_by_handler = false;
 };
 
 /// Whether ops record the graph on this thread (each rank of the threads backend has its own).

@@ -92,6 +92,10 @@ class FunctionNode final : public Node {
 template <class Out, class In>
 void record(const char* name, Out& out, const std::vector<const In*>& inputs,
             typename FunctionNode<Out, In>::Backward backward) {
+  if (const auto& own = out.autograd_meta(); own && own->recorded_by_handler) {
+    own->recorded_by_handler = false;  // the handler's graph stands; a later in-place op records as usual
+    return;
+  }
   auto node = std::make_shared<FunctionNode<Out, In>>(name, std::move(backward));
   node->inputs.reserve(inputs.size());
   for (const In* input : inputs)
