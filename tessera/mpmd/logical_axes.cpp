@@ -4,6 +4,7 @@
 #include <memory>
 
 #include <tessera/core/error.hpp>
+#include <tessera/mpmd/contexts.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/spec/mark_sharding.hpp>
 
@@ -52,6 +53,7 @@ DTensor with_sharding_constraint(const DTensor& x, const std::vector<std::string
   TESSERA_CHECK(x.defined() && static_cast<int64_t>(logical.size()) == x.ndim(), ShardingError,
                 "with_sharding_constraint", logical.size(), " logical dim names for ",
                 x.defined() ? x.layout().to_string() : "an undefined DTensor", "; give one per dim");
+  if (transforms_ignored()) return x;
   return tessera::with_sharding_constraint(x, logical_to_spec(logical, current_logical_rules(), x.layout().mesh()));
 }
 

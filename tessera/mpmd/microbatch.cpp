@@ -4,6 +4,7 @@
 
 #include <tessera/core/error.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/mpmd/contexts.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera::mpmd {
@@ -95,6 +96,12 @@ DTensor microbatch(const std::function<DTensor(const std::vector<DTensor>&)>& st
                    int64_t dim, int64_t n, const std::vector<int64_t>& argnums, MicrobatchLoss loss) {
   TESSERA_CHECK(!inputs.empty(), ValueError, "microbatch", "no inputs to split");
   const std::vector<bool> split = split_flags(argnums, inputs.size());
+  if (transforms_ignored()) {
+    // The step unsplit: its loss is the mean (or sum) the microbatches' shares add up to.
+    const DTensor whole = step(inputs);
+    whole.backward();
+    return whole.detach();
+  }
   const size_t reference = static_cast<size_t>(std::find(split.begin(), split.end(), true) - split.begin());
   const Layout& first = inputs[reference].layout();
   const int64_t d = dim < 0 ? dim + first.ndim() : dim;

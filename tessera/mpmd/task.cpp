@@ -9,6 +9,7 @@
 #include <tessera/comm/communicator.hpp>
 #include <tessera/comm/word_messages.hpp>
 #include <tessera/core/error.hpp>
+#include <tessera/mpmd/contexts.hpp>
 #include <tessera/mpmd/multimesh.hpp>
 #include <tessera/runtime/runtime.hpp>
 #include <tessera/sharding/layout_words.hpp>
@@ -129,6 +130,13 @@ std::vector<DTensor> Task::operator()(const std::vector<DTensor>& inputs) const 
 TaskFuture Task::launch(const std::vector<DTensor>& inputs) const {
   TESSERA_CHECK(runnable(), ShardingError, "task", "task '", name_,
                 "' is a Task value without a function; pass it to MultiMesh::task(fn, name, task)");
+  if (transforms_ignored()) {
+    // Plain SPMD code: the function where its inputs are, on every rank; nothing to tell anyone.
+    TaskFuture future;
+    future.outputs_ = fn_(inputs);
+    future.resolved_ = true;
+    return future;
+  }
   std::vector<DTensor> moved;
   for (const DTensor& x : inputs) moved.push_back(to_mesh(x, mesh_));
   TaskState& state = task_state();

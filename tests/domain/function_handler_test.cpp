@@ -50,12 +50,8 @@ std::vector<Case> cases() {
   const int n = world_size();
   const DeviceMesh line = line_mesh();
   const DeviceMesh grid({2, n / 2}, {"a", "b"});
-  return {{line, {Shard{0}}},
-          {line, {Replicate{}}},
-          {line, {Partial{}}},
-          {grid, {Shard{0}, Shard{1}}},
-          {grid, {Replicate{}, Shard{0}}},
-          {grid, {Partial{}, Shard{1}}}};
+  return {{line, {Shard{0}}},           {line, {Replicate{}}},           {line, {Partial{}}},
+          {grid, {Shard{0}, Shard{1}}}, {grid, {Replicate{}, Shard{0}}}, {grid, {Partial{}, Shard{1}}}};
 }
 
 }  // namespace
@@ -121,8 +117,10 @@ TEST(FunctionHandler, AHandlerThatMovesDataIsDifferentiableThroughItsMoves) {
     const Tensor expected = matmul(ta, tb);
     sum(mul(expected, expected)).backward();
     const DeviceMesh mesh = line_mesh();
-    for (const auto& [pa, pb] : std::vector<std::pair<Placements, Placements>>{
-             {{Shard{1}}, {Shard{0}}}, {{Shard{0}}, {Replicate{}}}, {{Replicate{}}, {Shard{1}}}, {{Partial{}}, {Shard{0}}}}) {
+    for (const auto& [pa, pb] : std::vector<std::pair<Placements, Placements>>{{{Shard{1}}, {Shard{0}}},
+                                                                               {{Shard{0}}, {Replicate{}}},
+                                                                               {{Replicate{}}, {Shard{1}}},
+                                                                               {{Partial{}}, {Shard{0}}}}) {
       handler_calls = 0;
       DTensor da = make_input(a, mesh, pa), db = make_input(b, mesh, pb);
       da.requires_grad_();
@@ -143,7 +141,8 @@ TEST(FunctionHandler, AnInputReturnedAsItIsKeepsItsOwnGraph) {
   // abs as the identity (inputs known to be positive): the result is the input itself. Its
   // gradient passes through, and the input, returned as is, is not marked: ops on it afterwards
   // record their own derivatives.
-  const Registered handler(OpId::abs, [](const std::vector<DTensor>& in, const OpArgs&) { return in[0]; }, true);
+  const Registered handler(
+      OpId::abs, [](const std::vector<DTensor>& in, const OpArgs&) { return in[0]; }, true);
   for_each_world({2, 4}, [] {
     const Tensor global = data({7, 2}, 3, true);
     for (const Case& c : cases()) {
