@@ -153,8 +153,8 @@ TEST(IgnoreTransforms, ScopesNestAndRestoreHoweverTheyEnd) {
     EXPECT_EQ(context({.ignore_transforms = true}, [] { return transforms_ignored() ? 7 : 0; }), 7);
     EXPECT_FALSE(transforms_ignored());
     // A throw out of the block restores the setting before it.
-    EXPECT_TRUE(value_error([] { ignore_transforms([]() -> int { throw ValueError("[body] stop"); }); },
-                            {"[body] stop"}));
+    EXPECT_TRUE(
+        value_error([] { ignore_transforms([]() -> int { throw ValueError("[body] stop"); }); }, {"[body] stop"}));
     EXPECT_FALSE(transforms_ignored());
   });
 }
