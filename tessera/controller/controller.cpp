@@ -273,15 +273,28 @@ WorkerMesh::WorkerMesh(std::vector<int64_t> shape, std::vector<std::string> name
   state.send(spec_.ranks(), detail::MakeMesh{id_, shape, names, std::vector<int64_t>(ranks.begin(), ranks.end())});
 }
 
-WorkerMesh WorkerMesh::slice(const std::map<std::string, int64_t>& at) const {
-  detail::ControllerState& state = detail::require("WorkerMesh::slice");
-  std::vector<int64_t> fixed(static_cast<size_t>(spec_.ndim()), -1);
+namespace {
+
+// The index `at` fixes on each dim of `spec` (-1 where the dim is kept): every axis known, every
+// index inside its axis. Errors name `call` and the mesh as `shown()` gives it.
+template <class Shown>
+std::vector<int64_t> fixed_indices(const MeshSpec& spec, const std::map<std::string, int64_t>& at, const char* call,
+                                   Shown shown) {
+  std::vector<int64_t> fixed(static_cast<size_t>(spec.ndim()), -1);
   for (const auto& [axis, index] : at) {
-    const int64_t d = spec_.dim_of(axis, "WorkerMesh::slice");
-    TESSERA_CHECK(index >= 0 && index < spec_.size(d), ShardingError, "WorkerMesh::slice", "index ", index,
-                  " is outside axis '", axis, "' of ", spec_.to_string());
+    const int64_t d = spec.dim_of(axis, call);
+    TESSERA_CHECK(index >= 0 && index < spec.size(d), ShardingError, call, "index ", index, " is outside axis '", axis,
+                  "' of ", shown());
     fixed[static_cast<size_t>(d)] = index;
   }
+  return fixed;
+}
+
+}  // namespace
+
+WorkerMesh WorkerMesh::slice(const std::map<std::string, int64_t>& at) const {
+  detail::ControllerState& state = detail::require("WorkerMesh::slice");
+  const std::vector<int64_t> fixed = fixed_indices(spec_, at, "WorkerMesh::slice", [&] { return spec_.to_string(); });
   std::vector<int64_t> shape;
   std::vector<std::string> names;
   for (int64_t d = 0; d < spec_.ndim(); ++d)
@@ -708,11 +721,7 @@ RemoteTensor slice_onto(detail::ControllerState& state, const RemoteTensor& t, c
 // The slice of `mesh` at `at`, its coordinates checked first so that errors name `call`.
 WorkerMesh slice_at(const WorkerMesh& mesh, const std::map<std::string, int64_t>& at, const char* call) {
   TESSERA_CHECK(!at.empty(), ValueError, call, "name one axis or more of ", describe(mesh), " to slice at");
-  for (const auto& [axis, index] : at) {
-    const int64_t d = mesh.spec().dim_of(axis, call);
-    TESSERA_CHECK(index >= 0 && index < mesh.spec().size(d), ShardingError, call, "index ", index, " is outside axis '",
-                  axis, "' of ", describe(mesh));
-  }
+  fixed_indices(mesh.spec(), at, call, [&] { return describe(mesh); });
   return mesh.slice(at);
 }
 
