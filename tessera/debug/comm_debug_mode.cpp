@@ -7,13 +7,34 @@
 
 namespace tessera {
 
-CommDebugMode::CommDebugMode() { add_comm_observer(this); }
+CommDebugMode::CommDebugMode() {
+  clear_modules();
+  add_comm_observer(this);
+  add_op_observer(this);
+  nn::add_forward_observer(this);
+}
 
-// remove_comm_observer throws only if this scope was not registered on this thread, which a
-// non-movable local cannot cause; should it happen anyway, terminating is the loud answer.
-CommDebugMode::~CommDebugMode() { remove_comm_observer(this); }
+// The removals throw only if this scope was not registered on this thread, which a non-movable
+// local cannot cause; should it happen anyway, terminating is the loud answer.
+CommDebugMode::~CommDebugMode() {
+  nn::remove_forward_observer(this);
+  remove_op_observer(this);
+  remove_comm_observer(this);
+}
 
-void CommDebugMode::on_call(const Communicator& /*comm*/, const CollectiveCall& call) { calls_.push_back(call); }
+void CommDebugMode::on_call(const Communicator& /*comm*/, const CollectiveCall& call) {
+  calls_.push_back(call);
+  // Against Global and every module the call was issued in (PyTorch's module_parents_dict).
+  const auto& position = detail::module_position();
+  const bool backward = position && position->backward;
+  const auto count = [&](const std::string& module) {
+    ModuleCounts& counts = module_counts_[module];
+    ++(backward ? counts.backward : counts.forward)[call.kind];
+  };
+  count("Global");
+  if (position)
+    for (const std::string& module : position->modules) count(module);
+}
 
 void CommDebugMode::on_done(const Communicator& /*comm*/, const CollectiveCall& call, double seconds) {
   seconds_[call.kind] += seconds;
@@ -71,6 +92,16 @@ std::map<CollectiveKind, int64_t> CommDebugMode::counts() const {
 void CommDebugMode::reset() {
   calls_.clear();
   seconds_.clear();
+  clear_modules();
+}
+
+void CommDebugMode::clear_modules() {
+  module_order_ = {"Global"};
+  modules_.clear();
+  modules_["Global"] = ModuleInfo{};
+  module_counts_.clear();
+  module_counts_["Global"] = ModuleCounts{};
+  operations_.clear();
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include <tessera/dtensor/detail/dispatch_handler_call.hpp>
 #include <tessera/dtensor/detail/redistribute.hpp>
 #include <tessera/dtensor/explicit_redistribution.hpp>
+#include <tessera/dtensor/op_observer.hpp>
 #include <tessera/runtime/runtime.hpp>
 
 namespace tessera {
@@ -106,6 +107,7 @@ void clear_dispatch_cache() { cache.entries.clear(); }
 namespace detail {
 
 DTensor dispatch(int op, std::span<const DTensor* const> inputs, const OpArgs& args, Kernel kernel) {
+  if (op_observed()) notify_op(rule_registry().name(op), inputs);
   if (auto handled = run_dispatch_handler(op, inputs, args)) return std::move(*handled);
   const DeviceMesh& mesh = inputs.front()->device_mesh();
   const uint64_t version = rule_registry().version();

@@ -9,6 +9,7 @@
 #include <tessera/grad/engine.hpp>
 
 #include <atomic>
+#include <optional>
 #include <queue>
 #include <unordered_map>
 
@@ -27,6 +28,10 @@ struct LaterFirst {
 
 void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad) {
   NoGradGuard no_grad;
+  // While a tool traces modules, the pass's own work (summing a node's gradients, accumulating
+  // into leaves) runs in backward outside every module; each node runs where it was recorded.
+  std::optional<tessera::detail::ModulePositionScope> pass;
+  if (tessera::detail::module_tracing()) pass.emplace(tessera::detail::backward_outside_modules());
   if (!root->grad_fn) {
     if (root->requires_grad && root->accumulate) root->accumulate(*root, grad);
     return;
@@ -53,8 +58,15 @@ void run_backward(const std::shared_ptr<Meta>& root, const std::any& grad) {
     std::any incoming = std::move(pending[node]);
     pending.erase(node);
     std::vector<std::any> grads;
-    if (incoming.has_value()) grads = node->apply(incoming);
-    else if (node->zero_gradient) grads = node->apply(node->zero_gradient());
+    {
+      // The node's backward runs where it was recorded (a module's backward collectives count
+      // against that module); nodes recorded untraced run outside every module.
+      const tessera::detail::ModulePositionScope at(node->position());
+      if (incoming.has_value())
+        grads = node->apply(incoming);
+      else if (node->zero_gradient)
+        grads = node->apply(node->zero_gradient());
+    }
     for (size_t i = 0; i < node->inputs.size(); ++i) {
       const auto& input = node->inputs[i];
       if (!input) continue;

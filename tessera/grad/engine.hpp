@@ -16,6 +16,7 @@
 
 #include <tessera/core/export.hpp>
 #include <tessera/core/grad_mode.hpp>
+#include <tessera/core/module_position.hpp>
 
 namespace tessera TESSERA_API {
 namespace autograd {
@@ -30,7 +31,8 @@ uint64_t next_node_sequence();
 /// One recorded op: gradients of its inputs from the gradient of its output.
 class Node {
  public:
-  explicit Node(const char* name) : name_(name), sequence_(next_node_sequence()) {}
+  explicit Node(const char* name)
+      : name_(name), sequence_(next_node_sequence()), position_(::tessera::detail::backward_position()) {}
   virtual ~Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -42,6 +44,9 @@ class Node {
   const char* name() const { return name_; }
   /// Creation order: a node's inputs were created before it, so a larger number runs first.
   uint64_t sequence() const { return sequence_; }
+  /// Where the node was recorded, as its backward runs there (module_position.hpp); null unless a
+  /// tool traced modules then.
+  const std::shared_ptr<const ModulePosition>& position() const { return position_; }
 
   /// One edge per op input: the input's Meta, or null when that input needs no gradient.
   std::vector<std::shared_ptr<Meta>> inputs;
@@ -53,6 +58,7 @@ class Node {
  private:
   const char* name_;
   uint64_t sequence_;
+  std::shared_ptr<const ModulePosition> position_;
 };
 
 /// Runs the backward pass from `root` (the Meta of the tensor backward() was called on) with the

@@ -29,6 +29,7 @@ Linear::Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features
 }
 
 DTensor Linear::forward(const DTensor& x) const {
+  const ForwardScope scope(*this);
   const DTensor in = prepare_input(x);
   const DTensor y = bias_ ? linear(in, use("weight"), use("bias")) : linear(in, use("weight"));
   return finish_output(y);
@@ -47,6 +48,7 @@ Embedding::Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim
 }
 
 DTensor Embedding::forward(const DTensor& indices) const {
+  const ForwardScope scope(*this);
   return finish_output(embedding(use("weight"), prepare_input(indices), padding_idx_));
 }
 
@@ -56,6 +58,7 @@ LayerNorm::LayerNorm(const DeviceMesh& mesh, int64_t dim, double eps, DType dtyp
 }
 
 DTensor LayerNorm::forward(const DTensor& x) const {
+  const ForwardScope scope(*this);
   return finish_output(layer_norm(prepare_input(x), {dim_}, use("weight"), use("bias"), eps_));
 }
 
@@ -64,6 +67,7 @@ RMSNorm::RMSNorm(const DeviceMesh& mesh, int64_t dim, double eps, DType dtype) :
 }
 
 DTensor RMSNorm::forward(const DTensor& x) const {
+  const ForwardScope scope(*this);
   return finish_output(rms_norm(prepare_input(x), {dim_}, use("weight"), eps_));
 }
 
@@ -73,6 +77,7 @@ MLP::MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, DType dtype) : Mod
 }
 
 DTensor MLP::forward(const DTensor& x) const {
+  const ForwardScope scope(*this);
   return finish_output(fc2_->forward(gelu(fc1_->forward(prepare_input(x)))));
 }
 
@@ -87,6 +92,7 @@ MultiheadAttention::MultiheadAttention(const DeviceMesh& mesh, int64_t dim, int6
 }
 
 DTensor MultiheadAttention::forward(const DTensor& x_in) const {
+  const ForwardScope scope(*this);
   const DTensor x = prepare_input(x_in);
   TESSERA_CHECK(x.ndim() == 3 && x.shape()[2] == dim_, ValueError, "MultiheadAttention", "input ", x.to_string(),
                 " must be [batch, seq, ", dim_, "]");
@@ -110,6 +116,7 @@ TransformerBlock::TransformerBlock(const DeviceMesh& mesh, int64_t dim, int64_t 
 }
 
 DTensor TransformerBlock::forward(const DTensor& x_in) const {
+  const ForwardScope scope(*this);
   const DTensor x = prepare_input(x_in);
   const DTensor h = add(x, attn_->forward(norm1_->forward(x)));
   return finish_output(add(h, mlp_->forward(norm2_->forward(h))));
@@ -131,6 +138,7 @@ DTensor TransformerLM::forward(const DTensor& tokens) const { return forward_uni
 DTensor TransformerLM::forward_units(int64_t first, int64_t end, const DTensor& input) const {
   TESSERA_CHECK(0 <= first && first <= end && end <= units(), ValueError, "TransformerLM::forward_units", "units [",
                 first, ", ", end, ") are not within the model's ", units());
+  const ForwardScope scope(*this);  // a pipeline stage's units count against the model too
   DTensor x = input;
   for (int64_t u = first; u < end; ++u) {
     if (u == 0) {

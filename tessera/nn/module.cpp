@@ -1,7 +1,12 @@
 // nn::Module bookkeeping: paths, layouts, the input/output moves of parallel styles.
 #include <tessera/nn/module.hpp>
 
+#include <cxxabi.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <typeinfo>
 
 #include <tessera/grad/engine.hpp>
 #include <tessera/dtensor/ops.hpp>
@@ -28,6 +33,56 @@ DTensor moved(const DTensor& x, const std::vector<std::optional<Placement>>& tar
 }
 
 }  // namespace
+
+Module::~Module() {
+  for (auto& [name, child] : children_)
+    if (child->parent_ == this) child->parent_ = nullptr;
+}
+
+void Module::adopt(const std::string& name, Module* child) {
+  TESSERA_CHECK(child != nullptr, ValueError, "Module::register_module", "submodule '", name, "' is null");
+  if (child->parent_) return;
+  child->parent_ = this;
+  child->name_in_parent_ = name;
+}
+
+std::string Module::type_name() const {
+  // The demangled dynamic type, less its namespaces and template arguments.
+  const char* mangled = typeid(*this).name();
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> demangled(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::string name = status == 0 && demangled ? demangled.get() : mangled;
+  if (const size_t angle = name.find('<'); angle != std::string::npos) name.resize(angle);
+  if (const size_t colons = name.rfind("::"); colons != std::string::npos) name.erase(0, colons + 2);
+  return name;
+}
+
+std::string Module::path() const { return parent_ ? parent_->path() + "." + name_in_parent_ : type_name(); }
+
+namespace {
+// Per thread: each rank of the threads backend runs its own modules.
+thread_local std::vector<ForwardObserver*> forward_observers;
+}  // namespace
+
+void add_forward_observer(ForwardObserver* observer) { forward_observers.push_back(observer); }
+
+void remove_forward_observer(ForwardObserver* observer) {
+  const auto it = std::find(forward_observers.begin(), forward_observers.end(), observer);
+  TESSERA_CHECK(it != forward_observers.end(), ValueError, "remove_forward_observer",
+                "the observer is not registered on this thread");
+  forward_observers.erase(it);
+}
+
+ForwardScope::ForwardScope(const Module& module) {
+  if (!tessera::detail::module_tracing()) return;
+  const auto& outer = tessera::detail::module_position();
+  ModulePosition here;
+  if (outer) here = *outer;  // a forward inside backward (a recomputation) stays in backward
+  std::string path = module.path();
+  here.modules.push_back(path);
+  scope_.emplace(std::make_shared<const ModulePosition>(std::move(here)));
+  for (ForwardObserver* observer : forward_observers) observer->on_forward(path, module);
+}
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules() {
   std::vector<std::pair<std::string, Module*>> out{{"", this}};
@@ -118,6 +173,7 @@ std::vector<std::string> Module::parameter_names() const {
 }
 
 DTensor& Module::parameter(const std::string& name) { return slot(name).value; }
+const DTensor& Module::parameter(const std::string& name) const { return slot(name).value; }
 
 void Module::set_parameter_layout(const std::string& name, const Layout& layout) {
   Slot& s = slot(name);

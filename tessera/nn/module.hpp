@@ -13,7 +13,9 @@
 #include <vector>
 
 #include <tessera/core/export.hpp>
+#include <tessera/core/module_position.hpp>
 #include <tessera/dtensor/dtensor.hpp>
+#include <tessera/nn/forward_observer.hpp>
 
 namespace tessera TESSERA_API {
 namespace nn {
@@ -25,7 +27,8 @@ class FsdpUnit;
 class Module {
  public:
   explicit Module(DeviceMesh mesh) : mesh_(std::move(mesh)) {}
-  virtual ~Module() = default;
+  /// Detaches its submodules (a submodule kept elsewhere becomes a root).
+  virtual ~Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -38,6 +41,11 @@ class Module {
   std::vector<std::pair<std::string, Module*>> named_modules();
   /// The submodule at a dotted path. Throws ValueError naming the path if there is none.
   Module& submodule(const std::string& path);
+  /// The module's class name without namespaces ("Linear", "TransformerLM"): PyTorch's type(m).__name__.
+  virtual std::string type_name() const;
+  /// The module's path as PyTorch's module tracker names it: a root's class name, a submodule's
+  /// parent path and its name there ("TransformerLM.blocks.0.attn").
+  std::string path() const;
   /// Clears every parameter's gradient.
   void zero_grad();
   /// Total number of elements of all parameters.
@@ -57,6 +65,7 @@ class Module {
   /// Names of this module's own parameters.
   std::vector<std::string> parameter_names() const;
   DTensor& parameter(const std::string& name);
+  const DTensor& parameter(const std::string& name) const;
   /// Per mesh dim, the placement forward's input / output is moved to (nullopt: left as it comes).
   void set_input_placement(int64_t mesh_dim, Placement placement);
   void set_output_placement(int64_t mesh_dim, Placement placement);
@@ -71,6 +80,7 @@ class Module {
   DTensor& register_parameter(std::string name, DTensor value);
   template <class M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    adopt(name, module.get());
     children_.emplace_back(std::move(name), module);
     return module;
   }
@@ -92,12 +102,32 @@ class Module {
   friend void reshard(Module& module);
   Slot& slot(const std::string& name);
   const Slot& slot(const std::string& name) const;
+  /// Makes this module `child`'s parent under `name` (its first parent, if registered twice).
+  void adopt(const std::string& name, Module* child);
 
   DeviceMesh mesh_;
+  Module* parent_ = nullptr;  // cleared by the parent's destructor
+  std::string name_in_parent_;
   std::vector<std::unique_ptr<Slot>> params_;  // unique_ptr: pointers handed out stay valid
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<std::optional<Placement>> input_placements_, output_placements_;
   InputHook input_hook_, output_hook_;
+};
+
+/// Marks the forward of `module` on the calling thread for debugging tools, as PyTorch's module
+/// hooks do: while it is open, CommDebugMode counts communication and ops against the module and
+/// its parents, in forward and in the backward of the ops recorded under it. Every built-in layer
+/// opens one at the top of forward; a user's module does the same
+/// (`const nn::ForwardScope scope(*this);`), or its work counts against its parent. One
+/// thread-local test when no tool traces.
+class ForwardScope {
+ public:
+  explicit ForwardScope(const Module& module);
+  ForwardScope(const ForwardScope&) = delete;
+  ForwardScope& operator=(const ForwardScope&) = delete;
+
+ private:
+  std::optional<tessera::detail::ModulePositionScope> scope_;
 };
 
 }  // namespace nn
