@@ -11,6 +11,7 @@
 
 #include <tessera/comm/detail/async_queue.hpp>
 #include <tessera/core/error.hpp>
+#include <tessera/core/internal/thread_observers.hpp>
 
 namespace tessera {
 
@@ -130,9 +131,7 @@ int64_t total(const std::vector<int64_t>& counts) { return std::accumulate(count
 void add_comm_observer(CommObserver* observer) { observers.push_back(observer); }
 
 void remove_comm_observer(CommObserver* observer) {
-  auto it = std::find(observers.begin(), observers.end(), observer);
-  TESSERA_CHECK(it != observers.end(), ValueError, "remove_comm_observer", "observer was not registered on this thread");
-  observers.erase(it);
+  detail::remove_observer(observers, observer, "remove_comm_observer");
 }
 
 double comm_timeout_seconds() { return timeout_storage().load(); }

@@ -30,6 +30,18 @@ Noise noise(int level, const char* call) {
 // PyTorch's trivial ops (view, transpose, t), by Tessera's names.
 bool trivial(const std::string& op) { return op == "reshape" || op == "permute"; }
 
+// The ops module `path` ran in one pass that a noise level shows.
+using TracedOps = std::map<std::string, std::vector<CommDebugMode::TracedOp>>;
+std::vector<const CommDebugMode::TracedOp*> shown_ops(const TracedOps& operations, const std::string& path,
+                                                      const Noise& shown, bool backward) {
+  std::vector<const CommDebugMode::TracedOp*> out;
+  const auto ops = operations.find(path);
+  if (!shown.dtensor_ops || ops == operations.end()) return out;
+  for (const CommDebugMode::TracedOp& op : ops->second)
+    if (op.backward == backward && (shown.trivial_ops || !trivial(op.name))) out.push_back(&op);
+  return out;
+}
+
 std::string shapes_text(const std::vector<Shape>& shapes) {
   std::string text = "[";
   for (size_t i = 0; i < shapes.size(); ++i) text.append(i ? ", " : "").append(shapes[i].to_string());
@@ -107,16 +119,12 @@ std::string CommDebugMode::generate_comm_debug_tracing_table(int noise_level) co
     }
     const std::string pass_indent = indent + "  ", call_indent = indent + "    ", op_indent = indent + "      ";
     const auto counts = module_counts_.find(path);
-    const auto ops = operations_.find(path);
     for (const bool backward : {false, true}) {
       const std::map<CollectiveKind, int64_t> none;
       const auto& calls = counts == module_counts_.end() ? none
                           : backward                     ? counts->second.backward
                                                          : counts->second.forward;
-      std::vector<const TracedOp*> listed;
-      if (shown.dtensor_ops && ops != operations_.end())
-        for (const TracedOp& op : ops->second)
-          if (op.backward == backward && (shown.trivial_ops || !trivial(op.name))) listed.push_back(&op);
+      const std::vector<const TracedOp*> listed = shown_ops(operations_, path, shown, backward);
       if (calls.empty() && listed.empty()) continue;
       table << pass_indent << (backward ? "BACKWARD PASS" : "FORWARD PASS") << '\n';
       for (const auto& [kind, n] : calls) table << call_indent << '*' << name(kind) << ": " << n << '\n';
@@ -156,16 +164,15 @@ void CommDebugMode::generate_json_dump(const std::string& file_name, int noise_l
       for (const auto& [kind, n] : counts->second.backward)
         out["collectives_backward"].push_back(json::array({std::string(name(kind)), n}));
     }
-    if (const auto ops = operations_.find(path); shown.dtensor_ops && ops != operations_.end())
-      for (const TracedOp& op : ops->second) {
-        if (!shown.trivial_ops && trivial(op.name)) continue;
+    for (const bool backward : {false, true})
+      for (const TracedOp* op : shown_ops(operations_, path, shown, backward)) {
         json shapes = json::array(), shardings = json::array();
-        for (const Shape& s : op.input_shapes) shapes.push_back(s.to_string());
-        for (const Placements& p : op.input_placements) shardings.push_back(tessera::to_string(p));
-        out[op.backward ? "operations_backward" : "operations_forward"].push_back({{"name", op.name},
-                                                                                   {"input_shape", shapes},
-                                                                                   {"input_sharding", shardings},
-                                                                                   {"device_mesh", op.device_mesh}});
+        for (const Shape& s : op->input_shapes) shapes.push_back(s.to_string());
+        for (const Placements& p : op->input_placements) shardings.push_back(tessera::to_string(p));
+        out[backward ? "operations_backward" : "operations_forward"].push_back({{"name", op->name},
+                                                                                {"input_shape", shapes},
+                                                                                {"input_sharding", shardings},
+                                                                                {"device_mesh", op->device_mesh}});
       }
     for (const std::string& child : info.children) out["children"].push_back(self(self, child));
     return out;

@@ -1,9 +1,8 @@
 #include <tessera/dtensor/op_observer.hpp>
 
-#include <algorithm>
 #include <vector>
 
-#include <tessera/core/error.hpp>
+#include <tessera/core/internal/thread_observers.hpp>
 
 namespace tessera {
 
@@ -14,12 +13,7 @@ thread_local std::vector<OpObserver*> observers;
 
 void add_op_observer(OpObserver* observer) { observers.push_back(observer); }
 
-void remove_op_observer(OpObserver* observer) {
-  const auto it = std::find(observers.begin(), observers.end(), observer);
-  TESSERA_CHECK(it != observers.end(), ValueError, "remove_op_observer",
-                "the observer is not registered on this thread");
-  observers.erase(it);
-}
+void remove_op_observer(OpObserver* observer) { detail::remove_observer(observers, observer, "remove_op_observer"); }
 
 namespace detail {
 

@@ -8,8 +8,9 @@
 #include <memory>
 #include <typeinfo>
 
-#include <tessera/grad/engine.hpp>
+#include <tessera/core/internal/thread_observers.hpp>
 #include <tessera/dtensor/ops.hpp>
+#include <tessera/grad/engine.hpp>
 #include <tessera/nn/detail/fsdp_unit.hpp>
 
 namespace tessera::nn {
@@ -67,10 +68,7 @@ thread_local std::vector<ForwardObserver*> forward_observers;
 void add_forward_observer(ForwardObserver* observer) { forward_observers.push_back(observer); }
 
 void remove_forward_observer(ForwardObserver* observer) {
-  const auto it = std::find(forward_observers.begin(), forward_observers.end(), observer);
-  TESSERA_CHECK(it != forward_observers.end(), ValueError, "remove_forward_observer",
-                "the observer is not registered on this thread");
-  forward_observers.erase(it);
+  tessera::detail::remove_observer(forward_observers, observer, "remove_forward_observer");
 }
 
 ForwardScope::ForwardScope(const Module& module) {
