@@ -98,7 +98,8 @@ RemoteTensor issue_op(ControllerState& state, const std::string& op, const std::
 const OpRow& row_of(const std::string& op, size_t inputs, const char* call) {
   const OpRow* row = find_op(op);
   TESSERA_CHECK(row != nullptr, ValueError, call, "no op '", op, "' in the op table");
-  TESSERA_CHECK(static_cast<size_t>(row->inputs) == inputs, ValueError, call, "'", op, "' takes ", row->inputs,
+  TESSERA_CHECK(row->takes(inputs), ValueError, call, "'", op, "' takes ", row->inputs,
+                row->most_inputs > row->inputs ? " to " + std::to_string(row->most_inputs) : std::string(),
                 " input tensors; got ", inputs);
   return *row;
 }
@@ -381,10 +382,10 @@ Shape RemoteTensor::shape() const { return layout().global_shape(); }
 
 RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs, const std::vector<double>& scalars,
                   const std::vector<int64_t>& ints, const WorkerMesh* mesh, const Shape& shape,
-                  const Placements& placements, DType dtype) {
+                  const Placements& placements, DType dtype, const std::string& text) {
   detail::ControllerState& state = detail::require_mesh(op.c_str());
   const detail::OpRow& row = detail::row_of(op, inputs.size(), "controller::call");
-  detail::OpArgs args = row.parse(detail::CallArgs{scalars, ints, shape, placements, dtype}, op);
+  detail::OpArgs args = row.parse(detail::CallArgs{scalars, ints, shape, placements, dtype, text}, op);
   const WorkerMesh* on = mesh;
   if (!on && !inputs.empty()) {
     TESSERA_CHECK(inputs.front().defined(), ValueError, op, "an input is an undefined RemoteTensor");
@@ -613,7 +614,102 @@ void call_inplace(const std::string& op, const RemoteTensor& target, const std::
                   const std::vector<double>& scalars, const std::vector<int64_t>& ints) {
   detail::ControllerState& state = detail::require_mesh(op.c_str());
   const detail::OpRow& row = detail::row_of(op, inputs.size() + 1, "controller::call_inplace");
-  issue_inplace(state, op, target, inputs, row.parse(detail::CallArgs{scalars, ints, {}, {}, DType::f32}, op));
+  issue_inplace(state, op, target, inputs, row.parse(detail::CallArgs{scalars, ints, {}, {}, DType::f32, {}}, op));
+}
+
+namespace {
+
+// The inputs of an op with optional trailing tensors.
+std::vector<RemoteTensor> with_optional(std::vector<RemoteTensor> inputs,
+                                        std::initializer_list<const std::optional<RemoteTensor>*> optional) {
+  for (const auto* t : optional) {
+    if (!t->has_value()) break;
+    inputs.push_back(**t);
+  }
+  return inputs;
+}
+
+detail::ListArgs list_args(std::vector<double> scalars, std::vector<int64_t> ints = {}, Shape shape = {},
+                           std::string text = {}) {
+  return detail::ListArgs{std::move(scalars), std::move(ints), std::move(shape), std::move(text)};
+}
+
+}  // namespace
+
+RemoteTensor linear(const RemoteTensor& x, const RemoteTensor& weight, const std::optional<RemoteTensor>& bias) {
+  return typed("linear", with_optional({x, weight}, {&bias}), list_args({}));
+}
+
+RemoteTensor log_softmax(const RemoteTensor& x, int64_t dim) { return typed("log_softmax", {x}, list_args({}, {dim})); }
+
+RemoteTensor layer_norm(const RemoteTensor& x, const Shape& normalized_shape, const std::optional<RemoteTensor>& weight,
+                        const std::optional<RemoteTensor>& bias, double eps) {
+  TESSERA_CHECK(weight || !bias, ValueError, "layer_norm", "a bias without a weight; pass a weight of ones");
+  TESSERA_CHECK(!normalized_shape.empty(), ValueError, "layer_norm", "an empty normalized_shape");
+  return typed("layer_norm", with_optional({x}, {&weight, &bias}), list_args({eps}, {}, normalized_shape));
+}
+
+RemoteTensor embedding(const RemoteTensor& weight, const RemoteTensor& indices) {
+  return typed("embedding", {weight, indices}, list_args({}));
+}
+
+RemoteTensor cross_entropy(const RemoteTensor& logits, const RemoteTensor& target, int64_t ignore_index,
+                           Reduction reduction) {
+  return typed("cross_entropy", {logits, target}, list_args({}, {ignore_index, static_cast<int64_t>(reduction)}));
+}
+
+RemoteTensor scaled_dot_product_attention(const RemoteTensor& q, const RemoteTensor& k, const RemoteTensor& v,
+                                          const std::optional<RemoteTensor>& attn_mask, double dropout_p,
+                                          bool is_causal) {
+  return typed("scaled_dot_product_attention", with_optional({q, k, v}, {&attn_mask}),
+               list_args({dropout_p}, {is_causal ? 1 : 0}));
+}
+
+RemoteTensor conv2d(const RemoteTensor& x, const RemoteTensor& weight, const std::optional<RemoteTensor>& bias,
+                    std::vector<int64_t> stride, std::vector<int64_t> padding, std::vector<int64_t> dilation,
+                    int64_t groups) {
+  for (const auto* pair : {&stride, &padding, &dilation})
+    TESSERA_CHECK(pair->size() == 2, ValueError, "conv2d", "stride, padding and dilation take two values each; got ",
+                  Shape(stride).to_string(), ", ", Shape(padding).to_string(), ", ", Shape(dilation).to_string());
+  return typed("conv2d", with_optional({x, weight}, {&bias}),
+               list_args({}, {stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], groups}));
+}
+
+RemoteTensor einsum(const std::string& equation, const std::vector<RemoteTensor>& operands) {
+  TESSERA_CHECK(!operands.empty(), ValueError, "einsum", "no operands for '", equation, "'");
+  return typed("einsum", operands, list_args({}, {}, {}, equation));
+}
+
+const RemoteTensor& requires_grad_(const RemoteTensor& t, bool on) {
+  issue_inplace(detail::require_mesh("requires_grad_"), "requires_grad_", t, {}, list_args({}, {on ? 1 : 0}));
+  return t;
+}
+
+void backward(const RemoteTensor& loss) {
+  issue_inplace(detail::require_mesh("backward"), "backward", loss, {}, list_args({}));
+}
+
+void backward(const RemoteTensor& loss, const RemoteTensor& grad) {
+  issue_inplace(detail::require_mesh("backward"), "backward", loss, {grad}, list_args({}));
+}
+
+RemoteTensor grad(const RemoteTensor& t) { return typed("grad", {t}, list_args({})); }
+
+SGD::SGD(std::vector<RemoteTensor> params, double lr, double weight_decay)
+    : params_(std::move(params)), lr_(lr), weight_decay_(weight_decay) {
+  TESSERA_CHECK(lr > 0, ValueError, "SGD", "lr = ", lr, "; it must be positive");
+  TESSERA_CHECK(weight_decay >= 0, ValueError, "SGD", "weight_decay = ", weight_decay);
+  for (const RemoteTensor& p : params_) TESSERA_CHECK(p.defined(), ValueError, "SGD", "an undefined parameter");
+}
+
+void SGD::step() const {
+  for (const RemoteTensor& p : params_)
+    issue_inplace(detail::require_mesh("SGD::step"), "sgd_step_", p, {}, list_args({lr_, weight_decay_}));
+}
+
+void SGD::zero_grad() const {
+  for (const RemoteTensor& p : params_)
+    issue_inplace(detail::require_mesh("SGD::zero_grad"), "zero_grad_", p, {}, list_args({}));
 }
 
 void add_(const RemoteTensor& target, const RemoteTensor& other) {

@@ -22,6 +22,7 @@
 #include <initializer_list>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include <tessera/core/reduce_op.hpp>
 #include <tessera/core/tensor.hpp>
 #include <tessera/mesh/mesh_spec.hpp>
+#include <tessera/ops/reduction.hpp>
 #include <tessera/sharding/placement.hpp>
 
 namespace tessera TESSERA_API {
@@ -141,7 +143,8 @@ class RemoteTensor {
   friend struct detail::TensorHandle;
   friend struct detail::HandleAccess;
   friend RemoteTensor call(const std::string&, const std::vector<RemoteTensor>&, const std::vector<double>&,
-                           const std::vector<int64_t>&, const WorkerMesh*, const Shape&, const Placements&, DType);
+                           const std::vector<int64_t>&, const WorkerMesh*, const Shape&, const Placements&, DType,
+                           const std::string&);
   friend std::vector<RemoteTensor> call_remote(const std::string&, const WorkerMesh&, const std::vector<RemoteTensor>&,
                                                int64_t);
   friend class Stream;
@@ -218,13 +221,30 @@ class Borrow {
 /// Any op of the op table by name: inputs on one mesh, scalar and integer arguments as the op
 /// takes them (a binary op's `_scalar` form: one scalar; softmax: one dim; transpose: two;
 /// reductions: [keepdim, dims...], none for all dims; mesh_reduce: [reduce op, scatter, mesh
-/// dims...]); factories take `mesh`, `shape`, `placements` and `dtype`. The op runs on every
-/// worker of the mesh, after everything enqueued there before. Throws ValueError for an unknown
-/// op or for inputs or arguments the op does not take (naming what it takes), ShardingError for
-/// inputs on two meshes (naming both) or on none.
-RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs, const std::vector<double>& scalars = {},
-                  const std::vector<int64_t>& ints = {}, const WorkerMesh* mesh = nullptr, const Shape& shape = {},
-                  const Placements& placements = {}, DType dtype = DType::f32);
+/// dims...]); factories take `mesh`, `shape`, `placements` and `dtype`. The others, in torch's
+/// argument order, optional ones trailing (inputs; scalars; integers; shape; text):
+///   where (cond, a, b); masked_fill (x, mask; value); clamp (x; lo, hi); bmm (a, b);
+///   linear (x, weight[, bias]); einsum (operands...; text: the equation);
+///   log_softmax (x; ; dim); layer_norm (x[, weight[, bias]]; [eps]; ; normalized_shape);
+///   rms_norm (x[, weight]; [eps]; ; normalized_shape); embedding (weight, indices; ; [padding_idx]);
+///   cross_entropy and nll_loss (input, target; ; [ignore_index, reduction: 0 none, 1 mean, 2 sum]);
+///   mse_loss (input, target; ; [reduction]); dropout (x; p; [training]);
+///   scaled_dot_product_attention (q, k, v[, mask]; [dropout_p, scale]; [is_causal]);
+///   conv2d (x, weight[, bias]; ; [stride h, w, padding h, w, dilation h, w, groups], a prefix);
+///   permute (x; ; dims); expand (x; ; ; shape); narrow (x; ; [dim, start, length]);
+///   cat and stack (tensors...; ; [dim]); flip (x; ; dims); roll (x; ; [shift] or [shifts..., dims...]);
+///   tril and triu (x; ; [diagonal]); repeat (x; ; repeats); pad (x; [value]; pads);
+///   gather and index_select (x, index; ; [dim]); scatter and scatter_add (x, index, src; ; [dim]);
+///   index_add (x, index, src; [alpha]; [dim]);
+///   autograd: requires_grad_ (t; ; [on]), backward (loss[, grad]), zero_grad_ (t) and
+///   sgd_step_ (p; lr[, weight_decay]) in place (call_inplace); grad (t), detach (t).
+/// The op runs on every worker of the mesh, after everything enqueued there before. Throws
+/// ValueError for an unknown op or for inputs or arguments the op does not take (naming what it
+/// takes), ShardingError for inputs on two meshes (naming both) or on none.
+RemoteTensor call(const std::string& op, const std::vector<RemoteTensor>& inputs,
+                  const std::vector<double>& scalars = {}, const std::vector<int64_t>& ints = {},
+                  const WorkerMesh* mesh = nullptr, const Shape& shape = {}, const Placements& placements = {},
+                  DType dtype = DType::f32, const std::string& text = {});
 /// The names call() accepts.
 std::vector<std::string> op_names();
 
@@ -264,6 +284,52 @@ RemoteTensor transpose(const RemoteTensor& a, int64_t dim0, int64_t dim1);
 RemoteTensor reshape(const RemoteTensor& a, const Shape& shape);
 /// DTensor::redistribute on the workers (the planner's collectives).
 RemoteTensor redistribute(const RemoteTensor& a, const Placements& placements);
+
+// nn ops (DTensor's, differentiable on the workers): with the autograd below, a controller
+// program trains a model without remote functions.
+RemoteTensor linear(const RemoteTensor& x, const RemoteTensor& weight,
+                    const std::optional<RemoteTensor>& bias = std::nullopt);
+RemoteTensor log_softmax(const RemoteTensor& x, int64_t dim);
+RemoteTensor layer_norm(const RemoteTensor& x, const Shape& normalized_shape,
+                        const std::optional<RemoteTensor>& weight = std::nullopt,
+                        const std::optional<RemoteTensor>& bias = std::nullopt, double eps = 1e-5);
+RemoteTensor embedding(const RemoteTensor& weight, const RemoteTensor& indices);
+RemoteTensor cross_entropy(const RemoteTensor& logits, const RemoteTensor& target, int64_t ignore_index = -100,
+                           Reduction reduction = Reduction::mean);
+RemoteTensor scaled_dot_product_attention(const RemoteTensor& q, const RemoteTensor& k, const RemoteTensor& v,
+                                          const std::optional<RemoteTensor>& attn_mask = std::nullopt,
+                                          double dropout_p = 0.0, bool is_causal = false);
+RemoteTensor conv2d(const RemoteTensor& x, const RemoteTensor& weight,
+                    const std::optional<RemoteTensor>& bias = std::nullopt, std::vector<int64_t> stride = {1, 1},
+                    std::vector<int64_t> padding = {0, 0}, std::vector<int64_t> dilation = {1, 1}, int64_t groups = 1);
+RemoteTensor einsum(const std::string& equation, const std::vector<RemoteTensor>& operands);
+
+// Autograd on the workers (torch's, as Monarch's workers run it): each worker's values keep
+// their history, so backward from a loss reaches the leaves it was computed from.
+/// Marks t a leaf that requires a gradient (t.requires_grad_()): a write to t. Returns t.
+const RemoteTensor& requires_grad_(const RemoteTensor& t, bool on = true);
+/// loss.backward() (a one-element loss) or loss.backward(grad) on the workers: the leaves'
+/// gradients accumulate, reduced over the mesh as DTensor's backward reduces them. Ordered
+/// after the loss's writers on the loss's stream.
+void backward(const RemoteTensor& loss);
+void backward(const RemoteTensor& loss, const RemoteTensor& grad);
+/// t.grad: the leaf's accumulated gradient as a tensor of its own. Fails at its futures (a
+/// ValueError naming grad and the tensor) when t is not a leaf requiring a gradient, or no
+/// backward reached it since it was made or zeroed.
+RemoteTensor grad(const RemoteTensor& t);
+/// torch.optim.SGD without momentum on remote parameters: step() writes p -= lr (grad +
+/// weight_decay p) into each parameter (each stays the same leaf); zero_grad() clears the
+/// gradients (set_to_none). Both are writes to the parameters under the stream rules.
+class SGD {
+ public:
+  SGD(std::vector<RemoteTensor> params, double lr, double weight_decay = 0.0);
+  void step() const;
+  void zero_grad() const;
+
+ private:
+  std::vector<RemoteTensor> params_;
+  double lr_, weight_decay_;
+};
 
 /// The in-place form of an op: `target` = op(target, inputs...) (Monarch's `_inplace` / `out=`):
 /// a write to target, so the stream rules for writers apply.

@@ -28,7 +28,8 @@ std::vector<OpArgs> every_op_args() {
           PlacementArgs{{Shard{1}, Replicate{}, Partial{ReduceOp::max}}},
           ReduceArgs{{0, 2}, true},
           MeshReduceArgs{MeshReduction::avg, true, {1, 0}},
-          FactoryArgs{Shape{3, 5}, {Replicate{}, Shard{0}}, DType::bf16, 0.125}};
+          FactoryArgs{Shape{3, 5}, {Replicate{}, Shard{0}}, DType::bf16, 0.125},
+          ListArgs{{0.5, -1e-5}, {3, -100, 0}, Shape{2, 8}, "bij,bjk->bik"}};
 }
 
 // One command of every kind, each field set away from its default (strings over several words,

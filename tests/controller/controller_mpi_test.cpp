@@ -22,6 +22,7 @@
 #include "op_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
+#include "training_checks.hpp"
 
 using namespace tessera;
 using namespace tessera::testing;
@@ -69,6 +70,12 @@ TEST(ControllerMpi, WorkersAsProcesses) {
     // The op table by name with typed arguments, and call()'s arguments checked at the call.
     op_checks::check_generated_ops(mesh);
     op_checks::check_call_arguments(mesh);
+    // The structured ops by name, and training without remote functions, as on threads.
+    training_checks::check_structured_ops(mesh);
+    training_checks::check_structured_arguments(mesh);
+    training_checks::check_training(mesh);
+    training_checks::check_autograd_errors(mesh);
+    if (workers % 2 == 0) training_checks::check_training(controller::WorkerMesh({workers / 2, 2}, {"dp", "tp"}));
     // Monarch's reductions, fetch_shard's coordinates and drop(), on the line and a grid.
     monarch_checks::check_mesh_reductions(mesh);
     monarch_checks::check_fetch_shard_coordinates(mesh);

@@ -26,6 +26,7 @@
 #include "op_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
+#include "training_checks.hpp"
 
 using namespace tessera;
 using namespace tessera::testing;
@@ -428,12 +429,22 @@ TEST(Controller, OpTableByNameWithTypedArguments) {
     // Every op of the generated families is callable by name.
     const std::vector<std::string> names = controller::op_names();
     const auto has = [&](const char* name) { return std::find(names.begin(), names.end(), name) != names.end(); };
-#define TESSERA_TEST_LISTED(name, ...) EXPECT_TRUE(has(#name)) << #name;
+    // Every op of the op table but the ones backward formulas use internally (a class pick of
+    // cross_entropy, the backward ops themselves).
+    const std::vector<std::string> internal{"class_pick", "class_pick_backward", "embedding_backward",
+                                            "cross_entropy_backward"};
+    const auto listed_or_internal = [&](const char* name) {
+      return has(name) || std::find(internal.begin(), internal.end(), name) != internal.end();
+    };
+#define TESSERA_TEST_LISTED(name, ...) EXPECT_TRUE(listed_or_internal(#name)) << #name;
     TESSERA_UNARY_OPS(TESSERA_TEST_LISTED)
     TESSERA_BINARY_OPS(TESSERA_TEST_LISTED)
     TESSERA_COMPARISON_OPS(TESSERA_TEST_LISTED)
-    TESSERA_REDUCTION_OPS(TESSERA_TEST_LISTED)
+    TESSERA_STRUCTURED_OPS(TESSERA_TEST_LISTED)
 #undef TESSERA_TEST_LISTED
+    for (const char* name : {"conv2d", "nll_loss", "mse_loss", "dropout", "requires_grad_", "backward", "grad",
+                             "zero_grad_", "sgd_step_", "detach"})
+      EXPECT_TRUE(has(name)) << name;
   });
   EXPECT_EQ(status, 0);
 }
@@ -481,4 +492,34 @@ TEST(Controller, MonarchReductionsFetchesAndDrop) {
     monarch_checks::check_drop(grid);
   });
   EXPECT_EQ(status, 0);
+}
+
+// The op table's nn, view, shape and index ops by name, and their arguments checked at the call,
+// on a 1-d mesh of 4 workers and a 2-d mesh of 3 x 1 (rows uneven over both).
+TEST(Controller, StructuredOpsByName) {
+  EXPECT_EQ(run_controller(4,
+                           [&] {
+                             const controller::WorkerMesh line({4}, {"x"});
+                             training_checks::check_structured_ops(line);
+                             training_checks::check_structured_arguments(line);
+                           }),
+            0);
+  EXPECT_EQ(run_controller(3,
+                           [&] {
+                             training_checks::check_structured_ops(controller::WorkerMesh({3, 1}, {"dp", "tp"}));
+                           }),
+            0);
+}
+
+// A controller program trains an MLP without remote functions: losses, gradients and parameters
+// equal one device's, data parallel on 4 workers and data x tensor parallel on 2 x 2; autograd's
+// errors name the call.
+TEST(Controller, TrainsWithoutRemoteFunctions) {
+  EXPECT_EQ(run_controller(4,
+                           [&] {
+                             training_checks::check_training(controller::WorkerMesh({4}, {"dp"}));
+                             training_checks::check_training(controller::WorkerMesh({2, 2}, {"dp", "tp"}));
+                             training_checks::check_autograd_errors(controller::WorkerMesh({2, 2}, {"dp", "tp"}));
+                           }),
+            0);
 }

@@ -100,8 +100,23 @@ struct FactoryArgs {
   bool operator==(const FactoryArgs&) const = default;
 };
 
-using OpArgs =
-    std::variant<NoArgs, ScalarArgs, DimArgs, ShapeArgs, PlacementArgs, ReduceArgs, MeshReduceArgs, FactoryArgs>;
+/// The arguments of the ops with several kinds of them (nn, view, shape, index and autograd
+/// ops): call()'s scalars, integers, shape and text as given, each row reading its own after
+/// checking them at the call.
+struct ListArgs {
+  std::vector<double> scalars;
+  std::vector<int64_t> ints;
+  Shape shape;
+  std::string text;
+  template <class Self>
+  static auto fields(Self& s) {
+    return std::tie(s.scalars, s.ints, s.shape, s.text);
+  }
+  bool operator==(const ListArgs&) const = default;
+};
+
+using OpArgs = std::variant<NoArgs, ScalarArgs, DimArgs, ShapeArgs, PlacementArgs, ReduceArgs, MeshReduceArgs,
+                            FactoryArgs, ListArgs>;
 
 // ---- Commands. `stream`: the stream it runs on (0 is "main") -----------------------------------
 

@@ -24,17 +24,7 @@ namespace {
 // ---- call()'s arguments into typed ones. What an op does not take is refused, so that a call
 // with misplaced arguments fails where it is made, not on the workers.
 
-std::string given(const CallArgs& a) {
-  return std::to_string(a.scalars.size()) + " scalars, " + std::to_string(a.ints.size()) + " integers" +
-         (a.shape.empty() ? "" : ", shape " + a.shape.to_string()) +
-         (a.placements.empty() ? "" : ", placements " + tessera::to_string(a.placements));
-}
-
-void check_takes(bool fits, const CallArgs& a, const std::string& op, const char* takes) {
-  TESSERA_CHECK(fits, ValueError, "controller::call", "'", op, "' takes ", takes, "; got ", given(a));
-}
-
-bool no_structure(const CallArgs& a) { return a.shape.empty() && a.placements.empty(); }
+bool no_structure(const CallArgs& a) { return a.shape.empty() && a.placements.empty() && a.text.empty(); }
 
 OpArgs no_args(const CallArgs& a, const std::string& op) {
   check_takes(a.scalars.empty() && a.ints.empty() && no_structure(a), a, op, "no arguments besides its inputs");
@@ -60,12 +50,13 @@ OpArgs reduce_args(const CallArgs& a, const std::string& op) {
 }
 
 OpArgs shape_args(const CallArgs& a, const std::string& op) {
-  check_takes(a.scalars.empty() && a.ints.empty() && a.placements.empty(), a, op, "a shape");
+  check_takes(a.scalars.empty() && a.ints.empty() && a.placements.empty() && a.text.empty(), a, op, "a shape");
   return ShapeArgs{a.shape};
 }
 
 OpArgs placement_args(const CallArgs& a, const std::string& op) {
-  check_takes(a.scalars.empty() && a.ints.empty() && a.shape.empty() && !a.placements.empty(), a, op, "placements");
+  check_takes(a.scalars.empty() && a.ints.empty() && a.shape.empty() && a.text.empty() && !a.placements.empty(), a, op,
+              "placements");
   return PlacementArgs{a.placements};
 }
 
@@ -116,7 +107,7 @@ DTensor mesh_rank(const DimArgs& a, const DeviceMesh& mesh) {
 
 template <bool kValue>
 OpArgs factory_args(const CallArgs& a, const std::string& op) {
-  check_takes(a.scalars.size() == (kValue ? 1 : 0) && a.ints.empty(), a, op,
+  check_takes(a.scalars.size() == (kValue ? 1 : 0) && a.ints.empty() && a.text.empty(), a, op,
               kValue ? "a shape, placements, a dtype and one scalar (the value)" : "a shape, placements and a dtype");
   return FactoryArgs{a.shape, a.placements, a.dtype, kValue ? a.scalars[0] : 0.0};
 }
@@ -151,7 +142,7 @@ const T& args_of(const OpArgs& args) {
   return std::get<T>(args);
 }
 
-using Table = std::unordered_map<std::string, OpRow>;
+using Table = OpTable;
 
 Table make_table() {
   Table t;
@@ -215,6 +206,8 @@ Table make_table() {
                  const auto& f = args_of<FactoryArgs>(a);
                  return full(f.shape, f.value, mesh, f.placements, f.dtype);
                }};
+  add_structured_rows(t);
+  add_autograd_rows(t);
   return t;
 }
 
@@ -230,6 +223,17 @@ std::map<std::string, RemoteFn>& remotes() {
 }
 
 }  // namespace
+
+std::string given(const CallArgs& a) {
+  return std::to_string(a.scalars.size()) + " scalars, " + std::to_string(a.ints.size()) + " integers" +
+         (a.shape.empty() ? "" : ", shape " + a.shape.to_string()) +
+         (a.placements.empty() ? "" : ", placements " + tessera::to_string(a.placements)) +
+         (a.text.empty() ? "" : ", text '" + a.text + "'");
+}
+
+void check_takes(bool fits, const CallArgs& a, const std::string& op, const std::string& takes) {
+  TESSERA_CHECK(fits, ValueError, "controller::call", "'", op, "' takes ", takes, "; got ", given(a));
+}
 
 int64_t rank_along(const DeviceMesh& mesh, const std::vector<int64_t>& mesh_dims) {
   const std::vector<int64_t> coordinate = mesh.coordinate();

@@ -4,9 +4,11 @@
 // arguments (command.hpp); the worker runs the row on DTensor. Rows are generated from the op
 // table's families (ops/op_table.hpp) whose ops share an argument form; op_rows.cpp lists the
 // others, one row each.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <tessera/controller/detail/command.hpp>
@@ -22,16 +24,35 @@ struct CallArgs {
   Shape shape;
   Placements placements;
   DType dtype = DType::f32;
+  std::string text;
 };
 
 struct OpRow {
-  /// How many input tensors the op takes.
+  /// How many input tensors the op takes (at least, with most_inputs).
   int inputs = 0;
   /// The op's typed arguments from call()'s; throws ValueError naming `op` when they do not fit.
-  OpArgs (*parse)(const CallArgs& args, const std::string& op) = nullptr;
+  std::function<OpArgs(const CallArgs& args, const std::string& op)> parse;
   /// Runs the op on a worker.
-  DTensor (*run)(const std::vector<DTensor>& inputs, const OpArgs& args, const DeviceMesh& mesh) = nullptr;
+  std::function<DTensor(const std::vector<DTensor>& inputs, const OpArgs& args, const DeviceMesh& mesh)> run;
+  /// The most input tensors it takes, where optional ones follow (a bias) or the count varies
+  /// (cat); 0: exactly `inputs`.
+  int most_inputs = 0;
+
+  bool takes(size_t count) const {
+    return static_cast<int>(count) >= inputs && static_cast<int>(count) <= std::max(inputs, most_inputs);
+  }
 };
+using OpTable = std::unordered_map<std::string, OpRow>;
+
+/// call()'s arguments as the errors show them: "1 scalars, 2 integers, shape [4, 4]".
+std::string given(const CallArgs& args);
+/// Throws ValueError naming controller::call unless `fits`: "'op' takes <takes>; got <given>".
+void check_takes(bool fits, const CallArgs& args, const std::string& op, const std::string& takes);
+
+/// The rows of the op table's ops with arguments of several kinds (nn, view, shape and index
+/// ops: structured_rows.cpp) and of autograd (autograd_rows.cpp), added to `table`.
+void add_structured_rows(OpTable& table);
+void add_autograd_rows(OpTable& table);
 
 /// The row of op `name`, or null.
 const OpRow* find_op(const std::string& name);

@@ -11,6 +11,7 @@
 #include <tessera/comm/communicator.hpp>
 #include <tessera/controller/detail/op_rows.hpp>
 #include <tessera/core/error.hpp>
+#include <tessera/core/grad_mode.hpp>
 #include <tessera/mesh/device_mesh.hpp>
 #include <tessera/ops/random.hpp>
 #include <tessera/runtime/runtime.hpp>
@@ -126,8 +127,13 @@ void fetch(const Fetch& c, WorkerShared& shared, StreamMeshes& meshes) {
   Tensor value;
   if (error.empty()) {
     try {
-      const DTensor t = shared.tensor(c.tensor, c.stream, meshes);
-      value = c.whole ? t.full_tensor() : t.to_local().clone();  // full_tensor: collective over the mesh
+      // Values only, in storage of their own: in process, a fetched tensor's backward would
+      // otherwise reach the workers' leaves, and a later in-place op on the workers (an optimizer
+      // step) would write under the controller's reads (full_tensor of a replicated tensor is
+      // its local block itself).
+      const DTensor t = shared.tensor(c.tensor, c.stream, meshes).detach();
+      const autograd::NoGradGuard no_grad;
+      value = (c.whole ? t.full_tensor() : t.to_local()).clone();  // full_tensor: collective over the mesh
     } catch (const std::exception& e) {
       error = worker_error(e.what());
     }
