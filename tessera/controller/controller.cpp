@@ -17,6 +17,7 @@
 #include <tessera/controller/detail/transport.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/layout_words.hpp>
 
 namespace tessera::controller {
 
@@ -479,24 +480,27 @@ void register_remote(const std::string& name, RemoteFunction fn) {
                 "' is registered already");
 }
 
-Remote remote(const std::string& name, RemoteFunction fn) {
-  register_remote(name, std::move(fn));
-  return Remote(name);
-}
-
 std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh& mesh,
                                       const std::vector<RemoteTensor>& inputs, int64_t outputs) {
-  detail::ControllerState& state = detail::require_mesh("call_remote");
-  TESSERA_CHECK(detail::find_remote(name) != nullptr, ValueError, "call_remote", "no remote function '", name,
+  return detail::issue_remote("call_remote", name, mesh, inputs, outputs, nullptr);
+}
+
+namespace detail {
+
+std::vector<RemoteTensor> issue_remote(const char* call, const std::string& name, const WorkerMesh& mesh,
+                                       const std::vector<RemoteTensor>& inputs, int64_t outputs,
+                                       const std::vector<Layout>* expected) {
+  ControllerState& state = require_mesh(call);
+  TESSERA_CHECK(find_remote(name) != nullptr, ValueError, call, "no remote function '", name,
                 "' (register_remote it before controller::run)");
-  TESSERA_CHECK(outputs >= 0, ValueError, "call_remote", "outputs = ", outputs);
+  TESSERA_CHECK(outputs >= 0, ValueError, call, "outputs = ", outputs);
   for (const RemoteTensor& t : inputs) {
-    TESSERA_CHECK(t.defined(), ValueError, "call_remote", "an input of '", name, "' is an undefined RemoteTensor");
-    TESSERA_CHECK(t.mesh().id() == mesh.id(), ShardingError, "call_remote", "'", name, "' runs on ", describe(mesh),
+    TESSERA_CHECK(t.defined(), ValueError, call, "an input of '", name, "' is an undefined RemoteTensor");
+    TESSERA_CHECK(t.mesh().id() == mesh.id(), ShardingError, call, "'", name, "' runs on ", describe(mesh),
                   "; an input lives on ", describe(t.mesh()));
-    check_read(state, t, "call_remote");
+    check_read(state, t, call);
   }
-  detail::CallRemote command;
+  CallRemote command;
   command.mesh = mesh.id();
   command.stream = state.active_stream;
   command.function = name;
@@ -505,13 +509,21 @@ std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh&
   for (int64_t i = 0; i < outputs; ++i) {
     command.outputs.push_back(state.next_tensor++);
     auto layout = state.future<Layout>();
-    if (const uint64_t request = detail::layout_request(state, layout, mesh))
+    if (expected) {
+      // Known now: the workers check their results against it instead of reporting theirs.
+      const Layout& given = (*expected)[static_cast<size_t>(i)];
+      command.expected_layouts.push_back(layout_words(given));
+      layout->set(given);
+    } else if (const uint64_t request = layout_request(state, layout, mesh)) {
       command.layout_requests.push_back(request);
-    results.push_back(detail::TensorHandle::make(command.outputs.back(), mesh, layout, state.active_stream));
+    }
+    results.push_back(TensorHandle::make(command.outputs.back(), mesh, layout, state.active_stream));
   }
   state.send(mesh.spec().ranks(), std::move(command));
   return results;
 }
+
+}  // namespace detail
 
 Stream::Stream(std::string name) : name_(std::move(name)), id_(0) {
   detail::ControllerState& state = detail::require("Stream");

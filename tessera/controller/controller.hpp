@@ -400,22 +400,50 @@ void register_remote(const std::string& name, RemoteFunction fn);
 std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh& mesh,
                                       const std::vector<RemoteTensor>& inputs, int64_t outputs = 1);
 
+/// Monarch's propagate=: the layouts of a remote function's results (one per result, on the
+/// call's mesh) from the inputs' layouts, computed on the controller, so the results' layout()
+/// and shape() are known at the call without asking a worker. Pure; it runs at every call.
+using Propagator = std::function<std::vector<Layout>(const std::vector<Layout>& inputs)>;
+
 /// A remote function's handle (Monarch's `remote`): remote(name, fn) registers fn under name
 /// and returns it; call(mesh, inputs, outputs) is call_remote(name, ...).
+/// With a propagation (Monarch's propagate=), the controller knows the results' layouts at the
+/// call: from a Propagator, or "cached": the first call with given input layouts (and mesh)
+/// waits for the workers' layouts and keeps them, later calls with the same ones reuse them (as
+/// Monarch's cached propagation runs the function once per input pattern). The inputs' layouts
+/// it reads are known at once when a propagated call or a finished op made them. The workers
+/// check each result against the layout the controller handed out: a result that differs
+/// fails (at its futures), naming the function, both layouts and the result's index, as does a
+/// result of a failed call. Monarch's "mocked" and "inspect" run the function on the
+/// controller, which holds no data here: a ValueError at remote().
 class Remote {
  public:
   explicit Remote(std::string name) : name_(std::move(name)) {}
   const std::string& name() const { return name_; }
+  /// With a propagation the call returns as many results as it gives: `outputs` must match
+  /// (ValueError naming both counts); so must each layout's mesh the call's (ShardingError).
   std::vector<RemoteTensor> call(const WorkerMesh& mesh, const std::vector<RemoteTensor>& inputs = {},
-                                 int64_t outputs = 1) const {
-    return call_remote(name_, mesh, inputs, outputs);
-  }
+                                 int64_t outputs = 1) const;
+  /// "none", "function" or "cached".
+  const char* propagation() const;
+  /// "cached": calls that reused kept layouts, and that asked the workers.
+  int64_t cache_hits() const;
+  int64_t cache_misses() const;
 
  private:
+  friend Remote remote(const std::string&, RemoteFunction, Propagator);
+  friend Remote remote(const std::string&, RemoteFunction, const std::string&);
+  struct Cache;
   std::string name_;
+  Propagator propagate_;
+  std::shared_ptr<Cache> cache_;  // "cached" (shared by copies of the handle)
 };
 /// register_remote(name, fn), returning its handle. Before run, as register_remote.
 Remote remote(const std::string& name, RemoteFunction fn);
+/// The same with a propagation function.
+Remote remote(const std::string& name, RemoteFunction fn, Propagator propagate);
+/// The same with a named propagation: "cached". ValueError for any other name.
+Remote remote(const std::string& name, RemoteFunction fn, const std::string& propagate);
 
 /// The local block of the worker at `coordinate` of the tensor's mesh (a clone), read on the
 /// active stream (the stream rules for readers apply); none: coordinate 0 on every axis

@@ -40,7 +40,7 @@ std::vector<Command> every_command() {
       MakeMesh{3, {2, 2}, {"dp", "a rather long axis name"}, {1, 2, 3, 4}},
       SliceMesh{4, 3, {{"dp", 1}, {"tp", 0}}},
       MakeStream{2},
-      CallRemote{1, 2, "train step", {7, 8}, {9, 10, 11}, {21, 22, 23}},
+      CallRemote{1, 2, "train step", {7, 8}, {9, 10, 11}, {21, 22, 23}, {{3, 1, 2, 5}, {}, {0}}},
       Seed{1, 0, 0xFFFFFFFFFFFFFFF1ull, {0, 2}},
       Fetch{1, 2, 7, true, 99},
       QueryLayout{1, 0, 7, 100},

@@ -20,6 +20,7 @@
 #include "failure_checks.hpp"
 #include "monarch_checks.hpp"
 #include "op_checks.hpp"
+#include "propagate_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
 #include "training_checks.hpp"
@@ -43,6 +44,7 @@ TEST(ControllerMpi, WorkersAsProcesses) {
   stream_checks::register_remotes();
   failure_checks::register_remotes();
   monarch_checks::register_remotes();
+  propagate_checks::register_remotes();
   char name[] = "controller_mpi_test";
   char* argv[] = {name, nullptr};
   bool ran = false;
@@ -75,6 +77,8 @@ TEST(ControllerMpi, WorkersAsProcesses) {
     training_checks::check_structured_arguments(mesh);
     training_checks::check_training(mesh);
     training_checks::check_autograd_errors(mesh);
+    propagate_checks::check_propagation(mesh);
+    if (workers % 2 == 0) propagate_checks::check_propagation(controller::WorkerMesh({workers / 2, 2}, {"a", "b"}));
     if (workers % 2 == 0) training_checks::check_training(controller::WorkerMesh({workers / 2, 2}, {"dp", "tp"}));
     // Monarch's reductions, fetch_shard's coordinates and drop(), on the line and a grid.
     monarch_checks::check_mesh_reductions(mesh);

@@ -24,6 +24,7 @@
 #include "failure_checks.hpp"
 #include "monarch_checks.hpp"
 #include "op_checks.hpp"
+#include "propagate_checks.hpp"
 #include "stream_checks.hpp"
 #include "test_util.hpp"
 #include "training_checks.hpp"
@@ -520,6 +521,20 @@ TEST(Controller, TrainsWithoutRemoteFunctions) {
                              training_checks::check_training(controller::WorkerMesh({4}, {"dp"}));
                              training_checks::check_training(controller::WorkerMesh({2, 2}, {"dp", "tp"}));
                              training_checks::check_autograd_errors(controller::WorkerMesh({2, 2}, {"dp", "tp"}));
+                           }),
+            0);
+}
+
+// Monarch's remote(fn, propagate=): a propagation function's layouts at the call (and held to by
+// the workers), "cached" asking the workers once per input pattern, on a line of 4 and a 3 x 1
+// grid; what remote() refuses.
+TEST(Controller, RemotePropagation) {
+  propagate_checks::register_remotes();
+  propagate_checks::check_refused_propagations();
+  EXPECT_EQ(run_controller(4, [&] { propagate_checks::check_propagation(controller::WorkerMesh({4}, {"x"})); }), 0);
+  EXPECT_EQ(run_controller(3,
+                           [&] {
+                             propagate_checks::check_propagation(controller::WorkerMesh({3, 1}, {"a", "b"}));
                            }),
             0);
 }

@@ -178,9 +178,12 @@ struct CallRemote {
   std::vector<uint64_t> inputs;
   std::vector<uint64_t> outputs;
   std::vector<uint64_t> layout_requests;  // per output, as RunOp's (empty: when asked)
+  // Per output, the layout (layout_words) the controller's propagation gave it, which the
+  // results must have (empty: none; the workers report theirs).
+  std::vector<std::vector<int64_t>> expected_layouts;
   template <class Self>
   static auto fields(Self& s) {
-    return std::tie(s.mesh, s.stream, s.function, s.inputs, s.outputs, s.layout_requests);
+    return std::tie(s.mesh, s.stream, s.function, s.inputs, s.outputs, s.layout_requests, s.expected_layouts);
   }
   bool operator==(const CallRemote&) const = default;
 };

@@ -30,6 +30,7 @@
 #include <tessera/controller/detail/op_rows.hpp>
 #include <tessera/core/error.hpp>
 #include <tessera/runtime/runtime.hpp>
+#include <tessera/sharding/layout_words.hpp>
 
 namespace tessera::controller::detail {
 
@@ -213,6 +214,12 @@ void check_results(const CallRemote& c, const DeviceMesh& mesh, const std::vecto
                   y.layout().global_shape().to_string(), ") lives on ", on_workers(y.layout().mesh()),
                   ", not on the call's mesh ", on_workers(mesh.spec()),
                   "; return DTensors on the mesh the function runs on (redistribute or to_mesh them there)");
+    // The controller told everyone the layout its propagation gave: a result must have it.
+    if (i < c.expected_layouts.size() && layout_words(y.layout()) != c.expected_layouts[i])
+      TESSERA_CHECK(false, ShardingError, call, "result ", i, " is ", y.layout().to_string(),
+                    " but the propagation function said ",
+                    WordReader(c.expected_layouts[i], call).layout(mesh.spec()).to_string(),
+                    "; the controller already handed out that layout, so the call fails");
   }
 }
 

@@ -49,6 +49,14 @@ ControllerState& require(const char* call);
 /// require(), and no NoMesh scope open: for calls that issue work.
 ControllerState& require_mesh(const char* call);
 
+/// A remote function's call (call_remote, Remote::call): its inputs checked (ValueError and
+/// ShardingError naming `call`), the command issued, `outputs` results returned. With
+/// `expected` (one layout per output: a propagation's), the results' layouts are those at once
+/// and the workers check theirs against them; else the mesh's first worker reports them.
+std::vector<RemoteTensor> issue_remote(const char* call, const std::string& name, const WorkerMesh& mesh,
+                                       const std::vector<RemoteTensor>& inputs, int64_t outputs,
+                                       const std::vector<Layout>* expected);
+
 /// A tensor's controller-side handle: its id, mesh, and the future of its layout. The last
 /// copy's destruction drops the tensor on the workers.
 struct TensorHandle {
