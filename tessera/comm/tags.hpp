@@ -26,10 +26,12 @@ inline constexpr TagRange kTaskTags{(1 << 20) - 2 * 4096, 1 << 20};
 inline constexpr TagRange kPipelineTags{1 << 20, 1 << 27};
 /// The controller: a command's length and words, then replies by request.
 inline constexpr TagRange kControllerTags{1 << 27, (1 << 27) + 2 + (1 << 26)};
+/// The controller's to_mesh: a block's header (length, words) and its data.
+inline constexpr TagRange kControllerMoveTags{kControllerTags.end, kControllerTags.end + 3};
 
 namespace detail {
-inline constexpr std::array kLibraryTagRanges{kRowExchangeTags, kRingAttentionTags, kTaskTags, kPipelineTags,
-                                              kControllerTags};
+inline constexpr std::array kLibraryTagRanges{kRowExchangeTags, kRingAttentionTags, kTaskTags,
+                                              kPipelineTags,    kControllerTags,    kControllerMoveTags};
 constexpr bool tag_ranges_disjoint_and_valid() {
   for (size_t i = 0; i < kLibraryTagRanges.size(); ++i) {
     const TagRange a = kLibraryTagRanges[i];

@@ -487,6 +487,12 @@ std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh&
 
 namespace detail {
 
+void check_readable(const ControllerState& state, const RemoteTensor& t, const std::string& call) {
+  check_read(state, t, call);
+}
+
+std::string describe_mesh(const WorkerMesh& mesh) { return describe(mesh); }
+
 std::vector<RemoteTensor> issue_remote(const char* call, const std::string& name, const WorkerMesh& mesh,
                                        const std::vector<RemoteTensor>& inputs, int64_t outputs,
                                        const std::vector<Layout>* expected) {

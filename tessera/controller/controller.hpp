@@ -136,6 +136,15 @@ class RemoteTensor {
   /// The same onto `slice`, a slice of this tensor's mesh (WorkerMesh::slice), so that tensors
   /// sliced apart share one mesh. Throws ShardingError when it is not one.
   RemoteTensor slice_mesh(const WorkerMesh& slice) const;
+  /// Monarch's t.to_mesh(mesh): the tensor on `mesh`, each worker there holding the block of
+  /// this tensor's worker at its coordinates of the axes both meshes name (an axis only `mesh`
+  /// has broadcasts: t.slice_mesh({{"host", 0}}).to_mesh(t.mesh()) gives every host host 0's
+  /// values), placed as this tensor is along those axes, Replicate along the new ones; each
+  /// worker's value moves as it is, so per-worker values stay per worker. Enqueued without
+  /// waiting; the blocks travel point to point. Throws ShardingError when an axis both name has
+  /// different sizes, or an axis of more than one worker only this tensor's mesh has (which
+  /// worker's block would be ambiguous: slice it first). Onto its own mesh: the tensor itself.
+  RemoteTensor to_mesh(const WorkerMesh& mesh) const;
 
  private:
   explicit RemoteTensor(std::shared_ptr<detail::TensorHandle> handle) : handle_(std::move(handle)) {}
@@ -360,6 +369,9 @@ void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, MeshRe
              bool scatter = false);
 void reduce_(const RemoteTensor& t, const std::vector<std::string>& axes, ReduceOp op = ReduceOp::sum,
              bool scatter = false);
+
+/// Monarch's to_mesh over a list: each tensor's to_mesh(mesh).
+std::vector<RemoteTensor> to_mesh(const std::vector<RemoteTensor>& tensors, const WorkerMesh& mesh);
 
 /// Monarch's slice_mesh(tensors, **coords) over a list: each tensor on the slice of its mesh at
 /// `at`, tensors of one mesh on one slice (so ops can combine them). Throws as

@@ -47,6 +47,7 @@ std::vector<Command> every_command() {
       Drop{1, 3, 7},
       Signal{1, 5},
       Wait{2, 5},
+      ToMesh{4, 3, 5, 2, 17, 18, 77},
   };
   for (const OpArgs& args : every_op_args()) commands.push_back(RunOp{1, 2, "mesh_reduce", {5, 6}, args, 12, 4, 31});
   commands.push_back(RunOp{0, 0, "", {}, NoArgs{}, 0, -1, 0});

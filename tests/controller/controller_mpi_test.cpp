@@ -79,6 +79,7 @@ TEST(ControllerMpi, WorkersAsProcesses) {
     training_checks::check_autograd_errors(mesh);
     propagate_checks::check_propagation(mesh);
     if (workers % 2 == 0) propagate_checks::check_propagation(controller::WorkerMesh({workers / 2, 2}, {"a", "b"}));
+    if (workers % 2 == 0) monarch_checks::check_to_mesh(controller::WorkerMesh({workers / 2, 2}, {"host", "gpu"}));
     if (workers % 2 == 0) training_checks::check_training(controller::WorkerMesh({workers / 2, 2}, {"dp", "tp"}));
     // Monarch's reductions, fetch_shard's coordinates and drop(), on the line and a grid.
     monarch_checks::check_mesh_reductions(mesh);

@@ -538,3 +538,18 @@ TEST(Controller, RemotePropagation) {
                            }),
             0);
 }
+
+// Monarch's to_mesh: broadcast from a slice, between a slice and its grid and between two
+// slices, a list, a failed source, the axes' errors; on 2 x 2 and 3 x 2 grids.
+TEST(Controller, MonarchToMesh) {
+  EXPECT_EQ(run_controller(4,
+                           [&] {
+                             monarch_checks::check_to_mesh(controller::WorkerMesh({2, 2}, {"host", "gpu"}));
+                           }),
+            0);
+  EXPECT_EQ(run_controller(6,
+                           [&] {
+                             monarch_checks::check_to_mesh(controller::WorkerMesh({3, 2}, {"host", "gpu"}));
+                           }),
+            0);
+}

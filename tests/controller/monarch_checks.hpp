@@ -281,4 +281,57 @@ inline void check_slice_mesh(const tessera::controller::WorkerMesh& mesh) {
   EXPECT_EQ(controller::fetch_shard(mesh.rank(b).slice_mesh({{a, 0}}), {nb - 1}).get().item<int64_t>(), nb - 1);
 }
 
+/// Monarch's to_mesh on a grid (axes host, gpu): a slice broadcast back over host (each worker
+/// takes host 0's block at its gpu, per-worker values staying per worker), a sharded tensor from
+/// one host's slice to the grid and to another host's slice, a list, a failed source failing the
+/// result, and the axes' errors at the call.
+inline void check_to_mesh(const tessera::controller::WorkerMesh& grid) {
+  using namespace tessera;
+  namespace c = tessera::controller;
+  using tessera::testing::throws_with;
+  const int64_t hosts = grid.spec().size(0), gpus = grid.spec().size(1);
+  const Placements replicated{Replicate{}, Replicate{}};
+  // Per-worker values: each worker draws its own.
+  c::manual_seed(21, grid, {"host", "gpu"});
+  const c::RemoteTensor own = c::randn({3}, grid, replicated);
+  const c::RemoteTensor broadcast = own.slice_mesh({{"host", 0}}).to_mesh(grid);
+  EXPECT_EQ(broadcast.mesh().id(), grid.id());
+  EXPECT_EQ(broadcast.layout().placements(), replicated);
+  for (int64_t h = 0; h < hosts; ++h)
+    for (int64_t g = 0; g < gpus; ++g)
+      EXPECT_TRUE(allclose(c::fetch_shard(broadcast, {h, g}).get(), c::fetch_shard(own, {0, g}).get(), 0, 0))
+          << "host " << h << " gpu " << g;
+  // A tensor sharded over gpu: from the last host's slice onto the grid, and onto host 0's slice.
+  c::manual_seed(22, grid);
+  const c::RemoteTensor rows = c::randn({5, 4}, grid, {Replicate{}, Shard{0}});
+  const Tensor whole = c::fetch_full(rows).get();
+  const c::RemoteTensor on_last = rows.slice_mesh({{"host", hosts - 1}});
+  const c::RemoteTensor back = on_last.to_mesh(grid);
+  EXPECT_EQ(back.layout().placements(), (Placements{Replicate{}, Shard{0}}));
+  EXPECT_TRUE(allclose(c::fetch_full(back).get(), whole, 0, 0));
+  const c::WorkerMesh first = grid.slice({{"host", 0}});
+  const std::vector<c::RemoteTensor> moved = c::to_mesh({on_last, c::scale(on_last, 2.0)}, first);
+  EXPECT_TRUE(allclose(c::fetch_full(moved[0]).get(), whole, 0, 0));
+  EXPECT_TRUE(allclose(c::fetch_full(moved[1]).get(), whole * 2.0, 0, 0));
+  EXPECT_EQ(moved[0].mesh().id(), first.id());
+  EXPECT_EQ(rows.to_mesh(grid).id(), rows.id());  // onto its own mesh: itself
+  // A failed source fails the result on every target worker; the workers carry on.
+  const c::RemoteTensor bad = c::matmul(on_last, on_last);
+  EXPECT_TRUE(throws_with<CommError>([&] { (void)c::fetch_full(bad.to_mesh(grid)).get(); }, {"worker rank", "matmul"}));
+  EXPECT_TRUE(allclose(c::fetch_full(on_last.to_mesh(grid)).get(), whole, 0, 0));
+  // The axes' errors, at the call.
+  if (hosts > 1) {
+    EXPECT_TRUE(
+        throws_with<ShardingError>([&] { (void)rows.to_mesh(first); },
+                                   {"[RemoteTensor::to_mesh]", "axis 'host' of", "whose block each worker takes"}));
+  }
+  const c::WorkerMesh line({hosts * gpus}, {"gpu"});
+  if (hosts > 1) {
+    EXPECT_TRUE(throws_with<ShardingError>([&] { (void)c::ones({2}, line, {Replicate{}}).to_mesh(grid); },
+                                           {"[RemoteTensor::to_mesh]", "axis 'gpu' has", "must match"}));
+  }
+  EXPECT_TRUE(throws_with<ValueError>([&] { (void)c::RemoteTensor().to_mesh(grid); },
+                                      {"[RemoteTensor::to_mesh]", "undefined RemoteTensor"}));
+}
+
 }  // namespace monarch_checks

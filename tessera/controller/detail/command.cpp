@@ -27,8 +27,9 @@ uint64_t request_of(const Command& command) {
 }
 
 const char* kind_name(const Command& command) {
-  static constexpr const char* kNames[] = {"stop", "make_mesh", "slice_mesh",   "make_stream", "run_op", "call_remote",
-                                           "seed", "fetch",     "query_layout", "drop",        "signal", "wait"};
+  static constexpr const char* kNames[] = {"stop",        "make_mesh", "slice_mesh", "make_stream",  "run_op",
+                                           "call_remote", "seed",      "fetch",      "query_layout", "drop",
+                                           "signal",      "wait",      "to_mesh"};
   static_assert(std::size(kNames) == std::variant_size_v<Command>, "a name per kind of command");
   return kNames[command.index()];
 }

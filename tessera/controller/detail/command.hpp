@@ -266,8 +266,27 @@ struct Stop {
   bool operator==(const Stop&) const = default;
 };
 
+/// Monarch's to_mesh: tensor `tensor` on mesh `from` onto mesh `to` as `output`, each worker of
+/// `to` receiving the block of the worker of `from` at its coordinates of the axes both have
+/// (the axes only `to` has broadcast). Run by the workers of both meshes; the blocks travel
+/// over mesh `all` (every worker, 1-d), whose stream copies no other command uses.
+struct ToMesh {
+  int64_t from = -1;
+  int64_t to = -1;
+  int64_t all = -1;
+  int64_t stream = 0;
+  uint64_t tensor = 0;
+  uint64_t output = 0;
+  uint64_t layout_request = 0;
+  template <class Self>
+  static auto fields(Self& s) {
+    return std::tie(s.from, s.to, s.all, s.stream, s.tensor, s.output, s.layout_request);
+  }
+  bool operator==(const ToMesh&) const = default;
+};
+
 using Command = std::variant<Stop, MakeMesh, SliceMesh, MakeStream, RunOp, CallRemote, Seed, Fetch, QueryLayout, Drop,
-                             Signal, Wait>;
+                             Signal, Wait, ToMesh>;
 
 /// The stream a command runs on (0 for those about every stream).
 int64_t stream_of(const Command& command);

@@ -25,7 +25,8 @@ struct ControllerState {
   // Streams: names by id (0 is "main") and the one ops are issued on now.
   std::vector<std::string> streams{"main"};
   int64_t active_stream = 0;
-  int no_mesh = 0;  // open NoMesh scopes
+  int no_mesh = 0;                // open NoMesh scopes
+  int64_t all_workers_mesh = -1;  // a 1-d mesh of every worker, made by the first to_mesh
 
   template <class T>
   std::shared_ptr<FutureState<T>> future() const {
@@ -48,6 +49,12 @@ ControllerState* current();
 ControllerState& require(const char* call);
 /// require(), and no NoMesh scope open: for calls that issue work.
 ControllerState& require_mesh(const char* call);
+
+/// ValueError naming `call` unless the active stream may read t (not dropped, its own or
+/// borrowed, not lent mutably).
+void check_readable(const ControllerState& state, const RemoteTensor& t, const std::string& call);
+/// "mesh[gpu=2] on workers [0, 1]".
+std::string describe_mesh(const WorkerMesh& mesh);
 
 /// A remote function's call (call_remote, Remote::call): its inputs checked (ValueError and
 /// ShardingError naming `call`), the command issued, `outputs` results returned. With

@@ -179,6 +179,8 @@ bool execute(const Command& command, WorkerShared& shared, StreamMeshes& meshes)
           run_op(c, shared, meshes);
         } else if constexpr (std::is_same_v<T, CallRemote>) {
           run_remote(c, shared, meshes);
+        } else if constexpr (std::is_same_v<T, ToMesh>) {
+          to_mesh(c, shared, meshes);
         } else if constexpr (std::is_same_v<T, QueryLayout>) {
           query_layout(c, shared, meshes);
         } else if constexpr (std::is_same_v<T, Fetch>) {
