@@ -27,6 +27,7 @@
 #include <tessera/mpmd/parallelize.hpp>
 #include <tessera/mpmd/pipeline.hpp>
 #include <tessera/mpmd/task.hpp>
+#include <tessera/nn/containers.hpp>
 #include <tessera/nn/layers.hpp>
 #include <tessera/nn/module.hpp>
 #include <tessera/nn/optim.hpp>

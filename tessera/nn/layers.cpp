@@ -22,7 +22,7 @@ DTensor uniform(const Shape& shape, double bound, const DeviceMesh& mesh, DType 
 }  // namespace
 
 Linear::Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features, bool bias, DType dtype)
-    : Module(mesh), in_(in_features), out_(out_features), bias_(bias) {
+    : UnaryModule(mesh), in_(in_features), out_(out_features), bias_(bias) {
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   register_parameter("weight", uniform({out_features, in_features}, bound, mesh, dtype));
   if (bias) register_parameter("bias", uniform({out_features}, bound, mesh, dtype));
@@ -37,7 +37,7 @@ DTensor Linear::forward(const DTensor& x) const {
 
 Embedding::Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, DType dtype,
                      std::optional<int64_t> padding_idx)
-    : Module(mesh), padding_idx_(embedding_padding_index(padding_idx, Shape{num_embeddings, dim})) {
+    : UnaryModule(mesh), padding_idx_(embedding_padding_index(padding_idx, Shape{num_embeddings, dim})) {
   DTensor weight = randn({num_embeddings, dim}, mesh, replicated(mesh), dtype);
   if (padding_idx_) {
     // Replicated: the local is the whole table (empty on a rank outside the mesh).
@@ -52,7 +52,8 @@ DTensor Embedding::forward(const DTensor& indices) const {
   return finish_output(embedding(use("weight"), prepare_input(indices), padding_idx_));
 }
 
-LayerNorm::LayerNorm(const DeviceMesh& mesh, int64_t dim, double eps, DType dtype) : Module(mesh), dim_(dim), eps_(eps) {
+LayerNorm::LayerNorm(const DeviceMesh& mesh, int64_t dim, double eps, DType dtype)
+    : UnaryModule(mesh), dim_(dim), eps_(eps) {
   register_parameter("weight", ones({dim}, mesh, replicated(mesh), dtype));
   register_parameter("bias", zeros({dim}, mesh, replicated(mesh), dtype));
 }
@@ -62,7 +63,8 @@ DTensor LayerNorm::forward(const DTensor& x) const {
   return finish_output(layer_norm(prepare_input(x), {dim_}, use("weight"), use("bias"), eps_));
 }
 
-RMSNorm::RMSNorm(const DeviceMesh& mesh, int64_t dim, double eps, DType dtype) : Module(mesh), dim_(dim), eps_(eps) {
+RMSNorm::RMSNorm(const DeviceMesh& mesh, int64_t dim, double eps, DType dtype)
+    : UnaryModule(mesh), dim_(dim), eps_(eps) {
   register_parameter("weight", ones({dim}, mesh, replicated(mesh), dtype));
 }
 
@@ -71,7 +73,7 @@ DTensor RMSNorm::forward(const DTensor& x) const {
   return finish_output(rms_norm(prepare_input(x), {dim_}, use("weight"), eps_));
 }
 
-MLP::MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, DType dtype) : Module(mesh) {
+MLP::MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, DType dtype) : UnaryModule(mesh) {
   fc1_ = register_module("fc1", std::make_shared<Linear>(mesh, dim, hidden, true, dtype));
   fc2_ = register_module("fc2", std::make_shared<Linear>(mesh, hidden, dim, true, dtype));
 }
@@ -82,7 +84,7 @@ DTensor MLP::forward(const DTensor& x) const {
 }
 
 MultiheadAttention::MultiheadAttention(const DeviceMesh& mesh, int64_t dim, int64_t heads, DType dtype)
-    : Module(mesh), dim_(dim), heads_(heads) {
+    : UnaryModule(mesh), dim_(dim), heads_(heads) {
   TESSERA_CHECK(heads > 0 && dim % heads == 0, ValueError, "MultiheadAttention", "dim ", dim,
                 " is not divisible by heads ", heads);
   q_ = register_module("q", std::make_shared<Linear>(mesh, dim, dim, true, dtype));
@@ -108,7 +110,7 @@ DTensor MultiheadAttention::forward(const DTensor& x_in) const {
 }
 
 TransformerBlock::TransformerBlock(const DeviceMesh& mesh, int64_t dim, int64_t heads, int64_t hidden, DType dtype)
-    : Module(mesh) {
+    : UnaryModule(mesh) {
   norm1_ = register_module("norm1", std::make_shared<RMSNorm>(mesh, dim, 1e-6, dtype));
   attn_ = register_module("attn", std::make_shared<MultiheadAttention>(mesh, dim, heads, dtype));
   norm2_ = register_module("norm2", std::make_shared<RMSNorm>(mesh, dim, 1e-6, dtype));
@@ -122,7 +124,8 @@ DTensor TransformerBlock::forward(const DTensor& x_in) const {
   return finish_output(add(h, mlp_->forward(norm2_->forward(h))));
 }
 
-TransformerLM::TransformerLM(const DeviceMesh& mesh, const TransformerConfig& config) : Module(mesh), config_(config) {
+TransformerLM::TransformerLM(const DeviceMesh& mesh, const TransformerConfig& config)
+    : UnaryModule(mesh), config_(config) {
   tok_ = register_module("tok", std::make_shared<Embedding>(mesh, config.vocab, config.dim, config.dtype));
   pos_ = register_module("pos", std::make_shared<Embedding>(mesh, config.max_seq, config.dim, config.dtype));
   for (int64_t i = 0; i < config.layers; ++i)

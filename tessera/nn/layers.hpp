@@ -15,10 +15,10 @@ namespace tessera TESSERA_API {
 namespace nn {
 
 /// y = x W^T + b, W [out, in] uniform in +-1/sqrt(in) (PyTorch's default), b likewise.
-class Linear : public Module {
+class Linear : public UnaryModule {
  public:
   Linear(const DeviceMesh& mesh, int64_t in_features, int64_t out_features, bool bias = true, DType dtype = DType::f32);
-  DTensor forward(const DTensor& x) const;
+  DTensor forward(const DTensor& x) const override;
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
@@ -30,11 +30,11 @@ class Linear : public Module {
 /// Rows of a [num, dim] table (normal(0, 1) init) looked up by integer indices. With padding_idx
 /// (negative counts from the end), as torch.nn.Embedding: that row starts at zeros and gets no
 /// gradient. Throws ValueError naming [embedding] when padding_idx is out of [-num, num).
-class Embedding : public Module {
+class Embedding : public UnaryModule {
  public:
   Embedding(const DeviceMesh& mesh, int64_t num_embeddings, int64_t dim, DType dtype = DType::f32,
             std::optional<int64_t> padding_idx = std::nullopt);
-  DTensor forward(const DTensor& indices) const;
+  DTensor forward(const DTensor& indices) const override;
   /// The normalised padding row (in [0, num_embeddings)), if any.
   std::optional<int64_t> padding_idx() const { return padding_idx_; }
 
@@ -43,20 +43,20 @@ class Embedding : public Module {
 };
 
 /// Normalisation over the last dim, with a weight (ones) and, for LayerNorm, a bias (zeros).
-class LayerNorm : public Module {
+class LayerNorm : public UnaryModule {
  public:
   LayerNorm(const DeviceMesh& mesh, int64_t dim, double eps = 1e-5, DType dtype = DType::f32);
-  DTensor forward(const DTensor& x) const;
+  DTensor forward(const DTensor& x) const override;
 
  private:
   int64_t dim_;
   double eps_;
 };
 
-class RMSNorm : public Module {
+class RMSNorm : public UnaryModule {
  public:
   RMSNorm(const DeviceMesh& mesh, int64_t dim, double eps = 1e-6, DType dtype = DType::f32);
-  DTensor forward(const DTensor& x) const;
+  DTensor forward(const DTensor& x) const override;
 
  private:
   int64_t dim_;
@@ -64,10 +64,10 @@ class RMSNorm : public Module {
 };
 
 /// fc2(gelu(fc1(x))): the Megatron pair (fc1 column-parallel, fc2 row-parallel).
-class MLP : public Module {
+class MLP : public UnaryModule {
  public:
   MLP(const DeviceMesh& mesh, int64_t dim, int64_t hidden, DType dtype = DType::f32);
-  DTensor forward(const DTensor& x) const;
+  DTensor forward(const DTensor& x) const override;
 
  private:
   std::shared_ptr<Linear> fc1_, fc2_;
@@ -76,10 +76,10 @@ class MLP : public Module {
 /// Causal self-attention over [batch, seq, dim] with `heads` heads: q, k, v and o projections.
 /// With q/k/v column-parallel and o row-parallel the heads are split over the mesh dim and
 /// nothing moves until o's reduction.
-class MultiheadAttention : public Module {
+class MultiheadAttention : public UnaryModule {
  public:
   MultiheadAttention(const DeviceMesh& mesh, int64_t dim, int64_t heads, DType dtype = DType::f32);
-  DTensor forward(const DTensor& x) const;
+  DTensor forward(const DTensor& x) const override;
 
  private:
   int64_t dim_, heads_;
@@ -87,10 +87,10 @@ class MultiheadAttention : public Module {
 };
 
 /// x + attn(norm1(x)), then x + mlp(norm2(x)) (pre-norm, RMSNorm).
-class TransformerBlock : public Module {
+class TransformerBlock : public UnaryModule {
  public:
   TransformerBlock(const DeviceMesh& mesh, int64_t dim, int64_t heads, int64_t hidden, DType dtype = DType::f32);
-  DTensor forward(const DTensor& x) const;
+  DTensor forward(const DTensor& x) const override;
 
  private:
   std::shared_ptr<RMSNorm> norm1_, norm2_;
@@ -111,11 +111,11 @@ struct TransformerConfig {
 /// A decoder-only language model: token and position embeddings, `layers` blocks, a final
 /// RMSNorm and an untied output head. Submodule paths: tok, pos, blocks.<i>.{norm1, attn.{q,k,v,o},
 /// norm2, mlp.{fc1, fc2}}, norm, head.
-class TransformerLM : public Module {
+class TransformerLM : public UnaryModule {
  public:
   TransformerLM(const DeviceMesh& mesh, const TransformerConfig& config);
   /// Logits [batch, seq, vocab] for token ids [batch, seq].
-  DTensor forward(const DTensor& tokens) const;
+  DTensor forward(const DTensor& tokens) const override;
   /// Mean next-token cross-entropy of forward(tokens) against targets [batch, seq].
   DTensor loss(const DTensor& tokens, const DTensor& targets) const;
   /// The mean next-token cross-entropy of logits [batch, seq, vocab] against targets [batch, seq].

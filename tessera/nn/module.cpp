@@ -113,6 +113,10 @@ void Module::zero_grad() {
   for (DTensor* p : parameters()) p->set_grad(DTensor());
 }
 
+void Module::train(bool on) {
+  for (const auto& [path, module] : named_modules()) module->training_ = on;
+}
+
 int64_t Module::num_parameters() {
   int64_t n = 0;
   for (DTensor* p : parameters()) n += p->numel();

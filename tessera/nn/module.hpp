@@ -48,6 +48,11 @@ class Module {
   std::string path() const;
   /// Clears every parameter's gradient.
   void zero_grad();
+  /// PyTorch's train(mode) / eval(): sets the mode of this module and every submodule (Dropout
+  /// drops only in training). Modules start in training mode.
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool training() const { return training_; }
   /// Total number of elements of all parameters.
   int64_t num_parameters();
   /// The parameters by path, detached (they share storage with the module's).
@@ -112,6 +117,16 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<std::optional<Placement>> input_placements_, output_placements_;
   InputHook input_hook_, output_hook_;
+  bool training_ = true;
+};
+
+/// A module of one DTensor in and one out, as every built-in layer is: callable as PyTorch's
+/// modules are (model(x) is model.forward(x)), and a step of a Sequential.
+class UnaryModule : public Module {
+ public:
+  using Module::Module;
+  virtual DTensor forward(const DTensor& x) const = 0;
+  DTensor operator()(const DTensor& x) const { return forward(x); }
 };
 
 /// Marks the forward of `module` on the calling thread for debugging tools, as PyTorch's module

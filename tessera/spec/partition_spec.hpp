@@ -78,6 +78,21 @@ class PartitionSpec {
   /// No entries: every dim unsharded (fully replicated).
   PartitionSpec() = default;
   PartitionSpec(std::initializer_list<SpecEntry> entries) : entries_(entries) {}
+  /// P("data", None), P({"dp", "tp"}, None): Python's parentheses, for up to 8 tensor dims.
+  explicit PartitionSpec(SpecEntry a) : entries_{std::move(a)} {}
+  PartitionSpec(SpecEntry a, SpecEntry b) : entries_{std::move(a), std::move(b)} {}
+  PartitionSpec(SpecEntry a, SpecEntry b, SpecEntry c) : entries_{std::move(a), std::move(b), std::move(c)} {}
+  PartitionSpec(SpecEntry a, SpecEntry b, SpecEntry c, SpecEntry d)
+      : entries_{std::move(a), std::move(b), std::move(c), std::move(d)} {}
+  PartitionSpec(SpecEntry a, SpecEntry b, SpecEntry c, SpecEntry d, SpecEntry e)
+      : entries_{std::move(a), std::move(b), std::move(c), std::move(d), std::move(e)} {}
+  PartitionSpec(SpecEntry a, SpecEntry b, SpecEntry c, SpecEntry d, SpecEntry e, SpecEntry f)
+      : entries_{std::move(a), std::move(b), std::move(c), std::move(d), std::move(e), std::move(f)} {}
+  PartitionSpec(SpecEntry a, SpecEntry b, SpecEntry c, SpecEntry d, SpecEntry e, SpecEntry f, SpecEntry g)
+      : entries_{std::move(a), std::move(b), std::move(c), std::move(d), std::move(e), std::move(f), std::move(g)} {}
+  PartitionSpec(SpecEntry a, SpecEntry b, SpecEntry c, SpecEntry d, SpecEntry e, SpecEntry f, SpecEntry g, SpecEntry h)
+      : entries_{std::move(a), std::move(b), std::move(c), std::move(d),
+                 std::move(e), std::move(f), std::move(g), std::move(h)} {}
   explicit PartitionSpec(std::vector<SpecEntry> entries) : entries_(std::move(entries)) {}
 
   const std::vector<SpecEntry>& entries() const { return entries_; }
@@ -95,6 +110,17 @@ class PartitionSpec {
  private:
   std::vector<SpecEntry> entries_;
 };
+
+// JAX's and torch_xla's spellings, so a spec reads as it does in Python: `P("data", None)`,
+// `P({"dp", "tp"}, None)` (a tuple of axes), `P()` (every dim unsharded). None is std::nullopt.
+// X11's headers define a macro None (0L): included before this header, it stops the build here;
+// included after it, `None` would read as axis index 0, so #undef None after them (or write
+// std::nullopt).
+#ifdef None
+#error "a macro None is defined (X11's?): #undef None before including Tessera's partition_spec.hpp"
+#endif
+inline constexpr std::nullopt_t None = std::nullopt;
+using P = PartitionSpec;
 
 /// Equal entries once trailing unsharded ones are dropped: P('dp') == P('dp', None).
 bool operator==(const PartitionSpec& a, const PartitionSpec& b);

@@ -21,6 +21,21 @@ TEST(PartitionSpec, PrintsAsPythonWritesIt) {
   EXPECT_EQ((P{dp, std::string_view("tp")}).to_string(), "P('dp', 'tp')");
 }
 
+// Python's spellings: P("data", None) with parentheses, a tuple entry in braces, P(); the user's
+// own alias (as JAX code writes P = PartitionSpec) still compiles beside Tessera's.
+TEST(PartitionSpec, PythonSpellingsReadAsInPython) {
+  EXPECT_EQ(tessera::P("data", None).to_string(), "P('data', None)");
+  EXPECT_EQ(tessera::P("data", None), (PartitionSpec{"data", std::nullopt}));
+  EXPECT_EQ(tessera::P({"dp", "tp"}, None, "ep").to_string(), "P(('dp', 'tp'), None, 'ep')");
+  EXPECT_EQ(tessera::P(None, 1).to_string(), "P(None, 1)");
+  EXPECT_EQ(tessera::P("x").to_string(), "P('x')");
+  EXPECT_EQ(tessera::P().to_string(), "P()");
+  EXPECT_EQ(P("a", "b", "c", "d", "e", "f", "g", "h").size(), 8);
+  const MeshSpec mesh(Shape{2, 2}, {"dp", "tp"});
+  EXPECT_EQ(layout_from_spec({4, 6}, DType::f32, mesh, P(None, "tp")).placements(),
+            (Placements{Replicate{}, Shard{1}}));
+}
+
 TEST(PartitionSpec, TrailingUnshardedEntriesMayBeOmitted) {
   EXPECT_EQ((P{"dp"}), (P{"dp", std::nullopt, std::nullopt}));
   EXPECT_EQ(P{}, (P{std::nullopt}));
