@@ -111,16 +111,19 @@ class PartitionSpec {
   std::vector<SpecEntry> entries_;
 };
 
-// JAX's and torch_xla's spellings, so a spec reads as it does in Python: `P("data", None)`,
-// `P({"dp", "tp"}, None)` (a tuple of axes), `P()` (every dim unsharded). None is std::nullopt.
-// X11's headers define a macro None (0L): included before this header, it stops the build here;
-// included after it, `None` would read as axis index 0, so #undef None after them (or write
-// std::nullopt).
-#ifdef None
-#error "a macro None is defined (X11's?): #undef None before including Tessera's partition_spec.hpp"
-#endif
-inline constexpr std::nullopt_t None = std::nullopt;
+/// JAX's and torch_xla's spellings, opted into as Python code imports them (`from
+/// jax.sharding import PartitionSpec as P`): after `using namespace tessera::spec_names;` a spec
+/// reads as in Python, `P("data", None)`, `P({"dp", "tp"}, None)`, `P()`. Not in namespace
+/// tessera itself, where P would collide with the `P` that DTensor code often names a Partial
+/// placement. X11's headers define a macro None (0L): where it is defined, spec_names has no
+/// None (write std::nullopt); where X11 comes after this header, #undef None after it, or `None`
+/// would read as axis index 0.
+namespace spec_names {
 using P = PartitionSpec;
+#ifndef None
+inline constexpr std::nullopt_t None = std::nullopt;
+#endif
+}  // namespace spec_names
 
 /// Equal entries once trailing unsharded ones are dropped: P('dp') == P('dp', None).
 bool operator==(const PartitionSpec& a, const PartitionSpec& b);
