@@ -1,8 +1,11 @@
 // distribute_tensor and the DTensor factories: each rank builds or receives only its block.
+#include <algorithm>
+
+#include <tessera/comm/communicator.hpp>
 #include <tessera/core/error.hpp>
-#include <tessera/dtensor/internal/mesh_io.hpp>
-#include <tessera/dtensor/dtensor.hpp>
 #include <tessera/dtensor/detail/redistribute.hpp>
+#include <tessera/dtensor/dtensor.hpp>
+#include <tessera/dtensor/internal/mesh_io.hpp>
 #include <tessera/ops/random.hpp>
 #include <tessera/runtime/runtime.hpp>
 
@@ -57,6 +60,17 @@ DTensor random(const char* op, Distribution distribution, const Shape& shape, co
 
 }  // namespace
 
+namespace {
+
+// FNV-1a of a text: the same digest on every rank and host, whatever the standard library.
+int64_t text_digest(const std::string& text) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 1);  // non-negative, so its negation never overflows
+}
+
+}  // namespace
+
 DTensor distribute_tensor(const Tensor& global, const DeviceMesh& mesh, std::vector<Placement> placements) {
   TESSERA_CHECK(global.defined(), ShardingError, "distribute_tensor", "undefined tensor for ", to_string(placements),
                 " on ", mesh.to_string());
@@ -81,14 +95,34 @@ DTensor distribute_to_layout(const Tensor& global, const DeviceMesh& mesh, const
                   name(global.dtype()));
   }
   if (!mesh.is_member()) return DTensor(Tensor(), mesh, layout);
-  // All ranks must pass the same shape and dtype, or the block counts would disagree mid-call.
-  const auto texts = detail::all_gather_text(mesh, layout.to_string(), std::string(call).c_str());
-  for (size_t i = 0; i < texts.size(); ++i)
-    TESSERA_CHECK(texts[i] == texts.front(), ShardingError, call, "rank ", mesh.spec().ranks()[i], " distributes ",
-                  texts[i], " but rank ", mesh.spec().ranks()[0], " distributes ", texts.front());
-  // The data comes from the source, by default the first rank of the mesh, as in DTensor: it
-  // sends every rank its block.
+  // All ranks must pass the same shape and dtype, or the block counts would disagree mid-call:
+  // one small all_reduce tells whether they do (the largest and the smallest digest of the
+  // layouts' texts); only when they do not, the texts are gathered to name who passed what.
+  const std::string text = layout.to_string();
+  Communicator& comm = detail::mesh_comm(mesh, std::string(call).c_str());
+  const int64_t digest = text_digest(text);
+  int64_t extremes[2] = {digest, -digest};
+  comm.all_reduce(extremes, 2, DType::i64, ReduceOp::max);
+  if (extremes[0] != -extremes[1]) {
+    const auto texts = detail::all_gather_text(comm, text);
+    for (size_t i = 0; i < texts.size(); ++i)
+      TESSERA_CHECK(texts[i] == texts.front(), ShardingError, call, "rank ", mesh.spec().ranks()[i], " distributes ",
+                    texts[i], " but rank ", mesh.spec().ranks()[0], " distributes ", texts.front());
+  }
+  // The data comes from the source, by default the first rank of the mesh, as in DTensor.
   const int origin = src_rank ? *src_rank : mesh.spec().ranks().front();
+  if (layout.is_replicated()) {
+    // Every rank takes the whole tensor: one broadcast (PyTorch's mesh_broadcast).
+    const auto& ranks = mesh.spec().ranks();
+    const int root = static_cast<int>(std::find(ranks.begin(), ranks.end(), origin) - ranks.begin());
+    Tensor local =
+        rank() == origin ? global.detach().contiguous().clone() : empty(layout.global_shape(), layout.dtype());
+    if (local.numel() > 0) comm.broadcast(local.raw_data(), local.numel(), local.dtype(), root);
+    DTensor out(local, mesh, layout);
+    if (!src_rank && global.requires_grad()) out.requires_grad_();
+    return out;
+  }
+  // Sharded: the source sends every rank its block.
   std::vector<Transfer> transfers;
   for (int r : mesh.spec().ranks()) transfers.push_back(Transfer{origin, r, layout.block_of_rank(r)});
   const Block whole{Shape::filled(layout.ndim(), 0), layout.global_shape()};

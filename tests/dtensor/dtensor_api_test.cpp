@@ -428,6 +428,27 @@ TEST(DTensorApiDistribute, EachRankGetsItsBlockOfRankZerosTensor) {
   });
 }
 
+// Replicated: one broadcast from the source (PyTorch's mesh_broadcast) after one 16-byte
+// all_reduce that checks every rank passed the same shape and dtype; sharded: the check, then
+// the source's blocks.
+TEST(DTensorApiDistribute, ReplicatedIsOneBroadcastAfterOneSmallCheck) {
+  for_each_world({2, 3, 4}, [] {
+    const DeviceMesh line({world_size()}, {"x"});
+    const Tensor g0 = pattern({6, 5});
+    const Tensor mine = rank() == 0 ? g0.clone() : pattern({6, 5}, 3);
+    CommDebugMode mode;
+    const DTensor d = distribute_tensor(mine, line, {Replicate{}});
+    EXPECT_EQ(mode.count(CollectiveKind::broadcast), 1) << mode.to_string();
+    EXPECT_EQ(mode.count(CollectiveKind::all_reduce), 1) << mode.to_string();
+    EXPECT_EQ(mode.total_count(), 2) << mode.to_string();
+    EXPECT_TRUE(same(d.to_local(), g0));
+    // The local is the DTensor's own: writing the input afterwards changes nothing.
+    Tensor written = mine;
+    written.copy_(zeros({6, 5}));
+    EXPECT_TRUE(same(d.to_local(), g0));
+  });
+}
+
 TEST(DTensorApiDistribute, Errors) {
   for_each_world({1, 2, 3, 4}, [] {
     const int n = world_size(), r = rank();
@@ -447,6 +468,9 @@ TEST(DTensorApiDistribute, Errors) {
       const Tensor typed = r == 0 ? pattern({4, 6}) : pattern({4, 6}).to(DType::f64);
       EXPECT_TRUE(sharding_error([&] { (void)distribute_tensor(typed, grid, {Shard{0}, Replicate{}}); },
                                  {"[distribute_tensor]", "f32", "f64"}));
+      // Replicated (one broadcast): the same check, on every rank, before any data moves.
+      EXPECT_TRUE(sharding_error([&] { (void)distribute_tensor(shaped, line, {Replicate{}}); },
+                                 {"[distribute_tensor]", "[4, 6]", "[4, 7]"}));
     }
     // And the mesh still works afterwards.
     EXPECT_TRUE(same(distribute_tensor(pattern({4, 6}), line, {Shard{1}}).full_tensor(), pattern({4, 6})));
