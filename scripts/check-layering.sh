@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Layering (DESIGN.md §1), checked two ways:
+# Layering (docs/architecture.md, The layers), checked two ways:
 #  1. includes: a header or source of a layer includes only its own layer and the layers above it;
 #     the sharding layer is pure (no comm, runtime, dtensor or DeviceMesh); no public header
 #     includes a detail/ or internal/ header; no layer includes another layer's detail/ headers (what
@@ -25,7 +25,7 @@ for i in "${!order[@]}"; do
   done
 done
 if hits=$(grep -rnE '#include *[<"]tessera/(comm|runtime|dtensor|autograd|nn)/|#include *[<"]tessera/mesh/device_mesh' tessera/sharding); then
-  echo "tessera/sharding must stay pure (DESIGN.md §1):" >&2
+  echo "tessera/sharding must stay pure (docs/architecture.md, The layers):" >&2
   echo "$hits" >&2
   status=1
 fi

@@ -1,6 +1,6 @@
 #pragma once
 // What the equivalence sweeps over sharded ops iterate: the meshes of a world, every placement
-// combination of an input, and how many combinations to run (DESIGN.md §6).
+// combination of an input, and how many combinations to run (docs/architecture.md, Adding an op).
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>

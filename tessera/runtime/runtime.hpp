@@ -19,6 +19,17 @@ namespace tessera TESSERA_API {
 /// TESSERA_BACKEND=mpi): this process is one rank of the MPI job. A failure on any rank is
 /// printed (naming the rank) and gives status 1; under MPI it aborts the whole job, since a
 /// failed process cannot otherwise unblock its peers.
+///
+/// One program, two backends: the one difference user code can see is state outside body.
+/// On threads every rank runs body in one process, so what body captures by reference, and
+/// globals and statics, are shared by all ranks (a write races with the other ranks); under
+/// MPI each process has its own copy. The safe pattern: per-rank state inside body (locals),
+/// or rank_local<T>(key) below; shared read-only data built before run() is fine on both.
+///   int steps = 0;                        // shared by thread ranks: do not write it in body
+///   run(argc, argv, [&] {
+///     int mine = 0;                       // per rank on both backends
+///     auto& count = rank_local<int>("app.count");  // per rank on both backends
+///   });
 int run(int argc, char** argv, std::function<void()> body);
 
 /// The number of in-process ranks run() starts on the threads backend: `--ranks N` (or

@@ -41,7 +41,7 @@ std::string_view name(StepKind kind);
 /// One step from `before` to `after`. For a mesh-dim step, only the placements (and shard
 /// order) at `mesh_dims` change. Figures are the busiest rank's and totals over ranks, computed
 /// on one rank per class of ranks with the same block geometry: a step's size and the cost of
-/// computing it do not grow with the rank count (DESIGN.md §3). Value type.
+/// computing it do not grow with the rank count (docs/architecture.md, Plans at scale). Value type.
 struct PlanStep {
   StepKind kind = StepKind::exchange;
   /// The mesh dims whose ranks form the step's groups, ascending (group rank = row-major index

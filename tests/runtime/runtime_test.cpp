@@ -194,6 +194,25 @@ TEST(Runtime, RankLocalStateIsOnePerRank) {
   std::thread([] { EXPECT_TRUE(value_error([] { (void)rank_local<int>("x"); }, {"[rank_state]", "outside a rank"})); }).join();
 }
 
+// One program, two backends (run's documentation): a variable the rank body captures by
+// reference is one variable for every thread rank, and each process's own under MPI; the safe
+// pattern, locals and rank_local, is per rank on both.
+TEST(Runtime, CapturedStateIsSharedByThreadRanksOnly) {
+  std::atomic<int> captured{0};
+  for_each_world({4}, [&] {
+    captured.fetch_add(1);                                   // the pitfall: shared between thread ranks
+    auto& mine = rank_local<int>("tessera.test.per_rank");  // the safe pattern
+    mine += 1;
+    world().barrier();  // every rank has added by now
+    const int seen = captured.load();
+    EXPECT_EQ(seen, under_mpi() ? 1 : world_size()) << "a captured variable is per process";
+    EXPECT_EQ(mine, 1) << "rank_local is per rank on both backends";
+    int64_t total = mine;
+    world().all_reduce(&total, 1, DType::i64, ReduceOp::sum);
+    EXPECT_EQ(total, world_size());
+  });
+}
+
 // --- launch errors ---------------------------------------------------------------------------
 
 TEST(Runtime, NestedLaunchIsRejected) {

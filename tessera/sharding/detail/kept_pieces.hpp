@@ -1,6 +1,6 @@
 #pragma once
 // What every rank keeps of its block when one layout becomes another on the same mesh, without
-// visiting the ranks (DESIGN.md §3, scale). Pure.
+// visiting the ranks (docs/architecture.md, Plans at scale). Pure.
 //
 // A rank keeps, in each tensor dim, the overlap of the piece it holds and the piece it wants;
 // both are picked by its coordinates on the mesh dims splitting that dim in either layout. Where

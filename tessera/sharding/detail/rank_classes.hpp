@@ -1,5 +1,5 @@
 #pragma once
-// Classes of ranks with the same block geometry (DESIGN.md §3, scale): the planner prices a step
+// Classes of ranks with the same block geometry (docs/architecture.md, Plans at scale): the planner prices a step
 // on one representative rank per class instead of on every rank. Pure.
 //
 // Under chunk semantics a mesh dim's coordinates fall into at most three runs along a tensor dim
