@@ -21,7 +21,7 @@ packages=(
   libcli11-dev                            # command lines
   libopenmpi-dev openmpi-bin              # MPI communicator backend and mpirun
   iproute2                                # ip netns: simulated hosts for make test-multihost
-  python3 python3-venv                    # make test's interop check (a venv of zarr-python and safetensors from PyPI)
+  python3 python3-venv                    # the docs' programs (extracted at configure time); make test's interop check (a venv from PyPI)
 )
 
 check_only=0
