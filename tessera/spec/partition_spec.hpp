@@ -130,10 +130,11 @@ bool operator==(const PartitionSpec& a, const PartitionSpec& b);
 
 /// The layout of a tensor of `shape` and `dtype` sharded by `spec` over `mesh`: Shard(d) on every
 /// mesh dim the spec names for tensor dim d, in the spec's order (its shard order), Replicate on
-/// the others. Uneven dims follow chunk semantics, and a tuple nests (chunk semantics nested in the shard order: docs/reference.md, tessera/sharding): the first
-/// axis chunks the dim, the next chunks each piece again. That is not a flat split: 4 rows over
-/// ('dp', 'tp') with dp=2, tp=3 are [1, 1, 0, 1, 1, 0], where JAX refuses the spec and torch_xla
-/// pads to [1, 1, 1, 1, 0, 0]; they agree whenever the sizes divide.
+/// the others. Uneven dims follow chunk semantics, and a tuple nests (docs/reference.md,
+/// tessera/sharding): the first axis chunks the dim, the next chunks each piece again. That is
+/// not a flat split: 4 rows over ('dp', 'tp') with dp=2, tp=3 are [1, 1, 0, 1, 1, 0], where JAX
+/// refuses the spec and torch_xla pads to [1, 1, 1, 1, 0, 0]; they agree whenever the sizes
+/// divide.
 /// Throws ShardingError as PartitionSpec::resolve does.
 Layout layout_from_spec(const Shape& shape, DType dtype, const MeshSpec& mesh, const PartitionSpec& spec);
 

@@ -200,7 +200,7 @@ TEST(Runtime, RankLocalStateIsOnePerRank) {
 TEST(Runtime, CapturedStateIsSharedByThreadRanksOnly) {
   std::atomic<int> captured{0};
   for_each_world({4}, [&] {
-    captured.fetch_add(1);                                   // the pitfall: shared between thread ranks
+    captured.fetch_add(1);                                  // the pitfall: shared between thread ranks
     auto& mine = rank_local<int>("tessera.test.per_rank");  // the safe pattern
     mine += 1;
     world().barrier();  // every rank has added by now

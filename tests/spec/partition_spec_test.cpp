@@ -56,7 +56,8 @@ TEST(PartitionSpec, ATupleSplitsMajorToMinor) {
   const Layout r = layout_from_spec({12, 5}, DType::f32, mesh, P{{"tp", "dp"}});
   EXPECT_EQ(r.block({1, 0}).begin[0], 2);
   EXPECT_EQ(r.block({0, 2}).begin[0], 8);
-  // Uneven: nested chunk semantics (chunk semantics nested in the shard order: docs/reference.md, tessera/sharding), not a flat split.
+  // Uneven: nested chunk semantics (chunk semantics nested in the shard order: docs/reference.md, tessera/sharding),
+  // not a flat split.
   EXPECT_EQ(layout_from_spec({4}, DType::f32, mesh, P{{"dp", "tp"}}).piece_sizes(0),
             (std::vector<int64_t>{1, 1, 0, 1, 1, 0}));
   // Axis indices mean the same axes as names.
