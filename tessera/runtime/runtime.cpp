@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -53,9 +54,9 @@ void require_rank(const char* op) {
                 "called outside a rank; run the code inside tessera::run or tessera::launch");
 }
 
-// Rethrows `error` as the same Tessera kind with "rank r: " in front of its message.
-[[noreturn]] void rethrow_on_caller(std::exception_ptr error, int failed_rank) {
-  const std::string prefix = "rank " + std::to_string(failed_rank) + " failed: ";
+// Rethrows `error` as the same Tessera kind with `prefix` ("rank r failed: ") in front of its
+// message.
+[[noreturn]] void rethrow_on_caller(std::exception_ptr error, const std::string& prefix) {
   try {
     std::rethrow_exception(error);
   } catch (const ValueError& e) {
@@ -124,6 +125,7 @@ void launch(int nranks, std::function<void()> body) {
   std::mutex mutex;
   std::exception_ptr first_error;  // the first failure that is not a consequence of another
   int first_rank = -1;
+  std::vector<std::string> messages(static_cast<size_t>(nranks));  // each rank's failure, if any
   std::vector<std::thread> threads;
   threads.reserve(static_cast<size_t>(nranks));
   for (int r = 0; r < nranks; ++r) {
@@ -136,6 +138,7 @@ void launch(int nranks, std::function<void()> body) {
       } catch (...) {
         const std::exception_ptr error = std::current_exception();
         std::lock_guard lock(mutex);
+        messages[static_cast<size_t>(r)] = message_of(error);
         if (!first_error) {
           first_error = error;
           first_rank = r;
@@ -146,7 +149,15 @@ void launch(int nranks, std::function<void()> body) {
     });
   }
   for (auto& t : threads) t.join();
-  if (first_error) rethrow_on_caller(first_error, first_rank);
+  if (!first_error) return;
+  // Every rank threw the same (a check all ranks make alike): naming one of them would suggest
+  // the others were fine.
+  const bool alike = nranks > 1 && std::all_of(messages.begin(), messages.end(), [&](const std::string& m) {
+                       return !m.empty() && m == messages.front();
+                     });
+  rethrow_on_caller(first_error, alike ? "every rank (" + std::to_string(nranks) + " of " + std::to_string(nranks) +
+                                             ") failed alike: "
+                                       : "rank " + std::to_string(first_rank) + " failed: ");
 }
 
 int run(int argc, char** argv, std::function<void()> body) {

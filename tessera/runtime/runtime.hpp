@@ -39,7 +39,9 @@ int ranks_from_args(int argc, char** argv);
 /// Runs body on `nranks` in-process ranks (threads) and returns when all finished. If body
 /// throws on any rank, the others are unblocked with a CommError and launch rethrows the
 /// first failure on the caller, with the same exception kind (ValueError, CommError, ...) and
-/// a message naming the rank. Throws ValueError if nranks < 1 or if called from inside a rank.
+/// a message naming the rank ("rank 2 failed: ..."), or, when every rank threw the same
+/// message, saying so ("every rank (4 of 4) failed alike: ..."). Throws ValueError if
+/// nranks < 1 or if called from inside a rank.
 void launch(int nranks, std::function<void()> body);
 
 /// This rank's index in the world, from 0. Throws ValueError outside launch/run.

@@ -215,6 +215,24 @@ TEST(Runtime, CapturedStateIsSharedByThreadRanksOnly) {
 
 // --- launch errors ---------------------------------------------------------------------------
 
+// A failure every rank throws alike is reported as such, not as one arbitrary rank's; failures
+// that differ name the first rank, as before.
+TEST(Runtime, FailuresAllRanksShareSayEveryRank) {
+  TESSERA_SKIP_UNDER_MPI();
+  EXPECT_TRUE(value_error([] { launch(3, [] { throw ValueError("[op] bad input"); }); },
+                          {"every rank (3 of 3) failed alike: [op] bad input"}));
+  EXPECT_TRUE(
+      value_error([] { launch(1, [] { throw ValueError("[op] bad input"); }); }, {"rank 0 failed: [op] bad input"}));
+  try {
+    launch(3, [] { throw ValueError("[op] rank " + std::to_string(rank()) + " is broken"); });
+    ADD_FAILURE() << "launch did not throw";
+  } catch (const ValueError& e) {
+    const std::string text = e.what();
+    EXPECT_EQ(text.rfind("rank ", 0), 0u) << text;
+    EXPECT_NE(text.find(" failed: [op] rank "), std::string::npos) << text;
+  }
+}
+
 TEST(Runtime, NestedLaunchIsRejected) {
   for_each_world(world_sizes(), [] {
     const std::string inside = "called from inside rank " + std::to_string(rank());
