@@ -67,14 +67,6 @@ void TensorHandle::drop_on_workers(ControllerState& state) const {
 
 namespace {
 
-// Where the first worker of `mesh` reports the layout of a result it makes: a request when the
-// transport has workers report as they go, else 0 (they report when asked).
-uint64_t layout_request(ControllerState& state, const std::shared_ptr<FutureState<Layout>>& layout,
-                        const WorkerMesh& mesh) {
-  if (!state.transport->reports_layouts()) return 0;
-  return state.transport->expect(layout, mesh.spec().ranks().front(), mesh.spec());
-}
-
 // Op `op` with typed arguments run by the workers of `mesh`, its inputs checked already: a new
 // tensor on `mesh`, or with `onto` (a slice of mesh) kept by the slice's workers (run_op's onto).
 RemoteTensor issue_op(ControllerState& state, const std::string& op, const std::vector<RemoteTensor>& inputs,
@@ -486,6 +478,12 @@ std::vector<RemoteTensor> call_remote(const std::string& name, const WorkerMesh&
 }
 
 namespace detail {
+
+uint64_t layout_request(ControllerState& state, const std::shared_ptr<FutureState<Layout>>& layout,
+                        const WorkerMesh& mesh) {
+  if (!state.transport->reports_layouts()) return 0;
+  return state.transport->expect(layout, mesh.spec().ranks().front(), mesh.spec());
+}
 
 void check_readable(const ControllerState& state, const RemoteTensor& t, const std::string& call) {
   check_read(state, t, call);

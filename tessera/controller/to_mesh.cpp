@@ -52,8 +52,7 @@ RemoteTensor move(detail::ControllerState& state, const RemoteTensor& t, const W
   command.tensor = t.id();
   command.output = state.next_tensor++;
   auto layout = state.future<Layout>();
-  if (state.transport->reports_layouts())
-    command.layout_request = state.transport->expect(layout, mesh.spec().ranks().front(), mesh.spec());
+  command.layout_request = detail::layout_request(state, layout, mesh);
   RemoteTensor result = detail::TensorHandle::make(command.output, mesh, layout, state.active_stream);
   std::vector<int> workers = t.mesh().spec().ranks();
   for (int r : mesh.spec().ranks())

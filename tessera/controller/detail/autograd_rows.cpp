@@ -15,12 +15,6 @@ namespace tessera::controller::detail {
 
 namespace {
 
-OpArgs no_args(const CallArgs& a, const std::string& op) {
-  check_takes(a.scalars.empty() && a.ints.empty() && a.shape.empty() && a.placements.empty() && a.text.empty(), a, op,
-              "no arguments besides its inputs");
-  return ListArgs{};
-}
-
 // A leaf's gradient, or ValueError naming `op` and the tensor when it has none yet.
 DTensor gradient_of(const DTensor& p, const char* op) {
   TESSERA_CHECK(p.requires_grad(), ValueError, op, "the tensor ", p.to_string(),
@@ -37,65 +31,49 @@ DTensor gradient_of(const DTensor& p, const char* op) {
 
 void add_autograd_rows(OpTable& t) {
   using In = const std::vector<DTensor>&;
-  using Mesh = const DeviceMesh&;
+  using A = const ListArgs&;
   // requires_grad_(t, [on]): in place. The value becomes a leaf that records what reads it.
-  t["requires_grad_"] = OpRow{1,
-                              [](const CallArgs& a, const std::string& op) {
-                                check_takes(a.scalars.empty() && a.ints.size() <= 1 && a.shape.empty() &&
-                                                a.placements.empty() && a.text.empty(),
-                                            a, op, "at most one integer (on)");
-                                return OpArgs{ListArgs{{}, a.ints, {}, {}}};
-                              },
-                              [](In in, const OpArgs& a, Mesh) {
-                                const auto& ints = std::get<ListArgs>(a).ints;
-                                DTensor out = in[0];
-                                out.requires_grad_(ints.empty() || ints[0] != 0);
-                                return out;
-                              }};
-  t["detach"] = OpRow{1, no_args, [](In in, const OpArgs&, Mesh) { return in[0].detach(); }};
+  row(t, "requires_grad_", 1, 0, {.ints_most = 1, .what = "at most one integer (on)"}, [](In in, A a) {
+    DTensor out = in[0];
+    out.requires_grad_(a.ints.empty() || a.ints[0] != 0);
+    return out;
+  });
+  row(t, "detach", 1, 0, {}, [](In in, A) { return in[0].detach(); });
   // backward(loss, [grad]): in place on the loss, which stays as it is; the leaves' gradients
   // accumulate (reduced over the mesh as DTensor's backward reduces them).
-  t["backward"] = OpRow{1, no_args,
-                        [](In in, const OpArgs&, Mesh) {
-                          if (in.size() > 1)
-                            in[0].backward(in[1]);
-                          else
-                            in[0].backward();
-                          return in[0];
-                        },
-                        2};
+  row(t, "backward", 1, 2, {}, [](In in, A) {
+    if (in.size() > 1)
+      in[0].backward(in[1]);
+    else
+      in[0].backward();
+    return in[0];
+  });
   // grad(t): the leaf's accumulated gradient, as a tensor of its own.
-  t["grad"] = OpRow{1, no_args, [](In in, const OpArgs&, Mesh) { return gradient_of(in[0], "grad"); }};
+  row(t, "grad", 1, 0, {}, [](In in, A) { return gradient_of(in[0], "grad"); });
   // zero_grad_(t): in place; the leaf's gradient is cleared (torch's set_to_none).
-  t["zero_grad_"] = OpRow{1, no_args, [](In in, const OpArgs&, Mesh) {
-                            DTensor p = in[0];
-                            TESSERA_CHECK(p.requires_grad() && p.is_leaf(), ValueError, "zero_grad_", "the tensor ",
-                                          p.to_string(), " is not a leaf that requires a gradient");
-                            p.set_grad(DTensor());
-                            return p;
-                          }};
+  row(t, "zero_grad_", 1, 0, {}, [](In in, A) {
+    DTensor p = in[0];
+    TESSERA_CHECK(p.requires_grad() && p.is_leaf(), ValueError, "zero_grad_", "the tensor ", p.to_string(),
+                  " is not a leaf that requires a gradient");
+    p.set_grad(DTensor());
+    return p;
+  });
   // sgd_step_(p, lr, [weight_decay]): in place, torch.optim.SGD's update without momentum,
   // p -= lr (grad + weight_decay p), written into p's shard: p stays the same leaf.
-  t["sgd_step_"] = OpRow{1,
-                         [](const CallArgs& a, const std::string& op) {
-                           check_takes(!a.scalars.empty() && a.scalars.size() <= 2 && a.ints.empty() &&
-                                           a.shape.empty() && a.placements.empty() && a.text.empty(),
-                                       a, op, "one or two scalars [lr, weight_decay]");
-                           return OpArgs{ListArgs{a.scalars, {}, {}, {}}};
-                         },
-                         [](In in, const OpArgs& a, Mesh) {
-                           const auto& s = std::get<ListArgs>(a).scalars;
-                           DTensor p = in[0];
-                           DTensor g = gradient_of(p, "sgd_step_");
-                           const autograd::NoGradGuard no_grad;
-                           if (!(g.layout() == p.layout())) g = g.redistribute(p.device_mesh(), p.layout());
-                           const DTensor value = p.detach();
-                           DTensor step = s.size() > 1 && s[1] != 0 ? add(g, mul(value, Scalar(s[1]))) : g;
-                           const DTensor updated = sub(value, mul(step, Scalar(s[0])));
-                           Tensor local = p.to_local();
-                           local.copy_(updated.to_local());
-                           return p;
-                         }};
+  row(t, "sgd_step_", 1, 0, {.scalars_least = 1, .scalars_most = 2, .what = "one or two scalars [lr, weight_decay]"},
+      [](In in, A a) {
+        const auto& s = a.scalars;
+        DTensor p = in[0];
+        DTensor g = gradient_of(p, "sgd_step_");
+        const autograd::NoGradGuard no_grad;
+        if (!(g.layout() == p.layout())) g = g.redistribute(p.device_mesh(), p.layout());
+        const DTensor value = p.detach();
+        const DTensor step = s.size() > 1 && s[1] != 0 ? add(g, mul(value, Scalar(s[1]))) : g;
+        const DTensor updated = sub(value, mul(step, Scalar(s[0])));
+        Tensor local = p.to_local();
+        local.copy_(updated.to_local());
+        return p;
+      });
 }
 
 }  // namespace tessera::controller::detail

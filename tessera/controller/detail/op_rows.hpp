@@ -49,6 +49,24 @@ std::string given(const CallArgs& args);
 /// Throws ValueError naming controller::call unless `fits`: "'op' takes <takes>; got <given>".
 void check_takes(bool fits, const CallArgs& args, const std::string& op, const std::string& takes);
 
+/// What a row of ListArgs takes besides tensors, checked at the call: how many scalars and
+/// integers (ranges; `integers_fit` for counts a range cannot say, such as conv2d's 0, 2, 4, 6,
+/// 7), whether a shape or a text is required, and `what` for the error.
+struct Takes {
+  size_t scalars_least = 0, scalars_most = 0;
+  size_t ints_least = 0, ints_most = 0;
+  bool shape = false;
+  bool text = false;
+  bool (*integers_fit)(size_t count) = nullptr;
+  const char* what = "no arguments besides its inputs";
+};
+/// Any count of integers.
+inline constexpr size_t kAny = static_cast<size_t>(-1);
+using ListRun = std::function<DTensor(const std::vector<DTensor>& inputs, const ListArgs& args)>;
+/// Adds row `name`: `inputs` tensors (up to `most_inputs`, 0: exactly), arguments as `takes`
+/// says, run by `run` on the worker.
+void row(OpTable& table, const char* name, int inputs, int most_inputs, Takes takes, ListRun run);
+
 /// The rows of the op table's ops with arguments of several kinds (nn, view, shape and index
 /// ops: structured_rows.cpp) and of autograd (autograd_rows.cpp), added to `table`.
 void add_structured_rows(OpTable& table);

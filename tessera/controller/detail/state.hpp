@@ -50,6 +50,10 @@ ControllerState& require(const char* call);
 /// require(), and no NoMesh scope open: for calls that issue work.
 ControllerState& require_mesh(const char* call);
 
+/// Where the first worker of `mesh` reports the layout of a result it makes: a request when the
+/// transport has workers report as they go, else 0 (they report when asked).
+uint64_t layout_request(ControllerState& state, const std::shared_ptr<FutureState<Layout>>& layout,
+                        const WorkerMesh& mesh);
 /// ValueError naming `call` unless the active stream may read t (not dropped, its own or
 /// borrowed, not lent mutably).
 void check_readable(const ControllerState& state, const RemoteTensor& t, const std::string& call);

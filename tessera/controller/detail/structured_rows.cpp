@@ -17,40 +17,6 @@ namespace tessera::controller::detail {
 
 namespace {
 
-// What a row takes besides tensors: how many scalars and integers (ranges), whether a shape or
-// a text is required, and `integers_fit` for counts a range cannot say (conv2d's 0, 2, 4, 6, 7).
-struct Takes {
-  size_t scalars_least = 0, scalars_most = 0;
-  size_t ints_least = 0, ints_most = 0;
-  bool shape = false;
-  bool text = false;
-  bool (*integers_fit)(size_t count) = nullptr;
-  const char* what = "no arguments besides its inputs";  // for the error
-};
-
-constexpr size_t kAny = static_cast<size_t>(-1);
-
-OpArgs parse(const Takes& t, const CallArgs& a, const std::string& op) {
-  const bool ints =
-      t.integers_fit ? t.integers_fit(a.ints.size()) : a.ints.size() >= t.ints_least && a.ints.size() <= t.ints_most;
-  check_takes(a.scalars.size() >= t.scalars_least && a.scalars.size() <= t.scalars_most && ints &&
-                  a.shape.empty() != t.shape && a.text.empty() != t.text && a.placements.empty(),
-              a, op, t.what);
-  return ListArgs{a.scalars, a.ints, a.shape, a.text};
-}
-
-using Run = std::function<DTensor(const std::vector<DTensor>&, const ListArgs&)>;
-
-void row(OpTable& table, const char* name, int inputs, int most_inputs, Takes takes, Run run) {
-  takes.scalars_most = std::max(takes.scalars_most, takes.scalars_least);
-  takes.ints_most = std::max(takes.ints_most, takes.ints_least);
-  table[name] = OpRow{inputs, [takes](const CallArgs& a, const std::string& op) { return parse(takes, a, op); },
-                      [run = std::move(run)](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) {
-                        return run(in, std::get<ListArgs>(a));
-                      },
-                      most_inputs};
-}
-
 // Optional trailing arguments.
 std::optional<DTensor> input_at(const std::vector<DTensor>& in, size_t i) {
   return i < in.size() ? std::optional<DTensor>(in[i]) : std::nullopt;
@@ -78,6 +44,29 @@ std::vector<int64_t> pair_at(const ListArgs& a, size_t i, int64_t otherwise) {
 bool roll_integers(size_t count) { return count == 1 || (count >= 2 && count % 2 == 0); }
 
 }  // namespace
+
+namespace {
+
+OpArgs parse(const Takes& t, const CallArgs& a, const std::string& op) {
+  const bool ints =
+      t.integers_fit ? t.integers_fit(a.ints.size()) : a.ints.size() >= t.ints_least && a.ints.size() <= t.ints_most;
+  check_takes(a.scalars.size() >= t.scalars_least && a.scalars.size() <= t.scalars_most && ints &&
+                  a.shape.empty() != t.shape && a.text.empty() != t.text && a.placements.empty(),
+              a, op, t.what);
+  return ListArgs{a.scalars, a.ints, a.shape, a.text};
+}
+
+}  // namespace
+
+void row(OpTable& table, const char* name, int inputs, int most_inputs, Takes takes, ListRun run) {
+  takes.scalars_most = std::max(takes.scalars_most, takes.scalars_least);
+  takes.ints_most = std::max(takes.ints_most, takes.ints_least);
+  table[name] = OpRow{inputs, [takes](const CallArgs& a, const std::string& op) { return parse(takes, a, op); },
+                      [run = std::move(run)](const std::vector<DTensor>& in, const OpArgs& a, const DeviceMesh&) {
+                        return run(in, std::get<ListArgs>(a));
+                      },
+                      most_inputs};
+}
 
 void add_structured_rows(OpTable& t) {
   using In = const std::vector<DTensor>&;

@@ -119,12 +119,7 @@ void to_mesh(const ToMesh& c, WorkerShared& shared, StreamMeshes& meshes) {
     } catch (const std::exception& e) {
       out.error = worker_error(e.what());
     }
-    if (to.spec().ranks().front() == me && c.layout_request != 0) {
-      if (out.error.empty())
-        shared.replies.layout(c.layout_request, out.tensor.layout());
-      else
-        shared.replies.error(c.layout_request, out.error);
-    }
+    if (to.spec().ranks().front() == me) report(shared, c.layout_request, out);
     shared.store(c.output, std::move(out));
   }
   for (const Work& w : sends) w.wait();

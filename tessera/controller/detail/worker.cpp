@@ -75,15 +75,6 @@ void WorkerShared::wait(uint64_t event, int64_t stream) {
 
 namespace {
 
-// Reports an op's result's layout (or its error) where the controller asked for it, if it did.
-void report(WorkerShared& shared, uint64_t request, const Value& out) {
-  if (request == 0) return;
-  if (out.error.empty())
-    shared.replies.layout(request, out.tensor.layout());
-  else
-    shared.replies.error(request, out.error);
-}
-
 void run_op(const RunOp& c, WorkerShared& shared, StreamMeshes& meshes) {
   const DeviceMesh& mesh = meshes.at(c.mesh).working;
   // In place (the output among the inputs), a failed target fails the op like any input.
@@ -154,6 +145,14 @@ void query_layout(const QueryLayout& c, WorkerShared& shared, StreamMeshes& mesh
 }
 
 }  // namespace
+
+void report(WorkerShared& shared, uint64_t request, const Value& out) {
+  if (request == 0) return;
+  if (out.error.empty())
+    shared.replies.layout(request, out.tensor.layout());
+  else
+    shared.replies.error(request, out.error);
+}
 
 void reply_error(WorkerShared& shared, const Command& c, const std::string& error) {
   if (const uint64_t request = request_of(c)) shared.replies.error(request, error);

@@ -102,6 +102,9 @@ bool execute(const Command& c, WorkerShared& shared, StreamMeshes& meshes);
 /// it failed anywhere and whether the stream's communicators of the mesh are still usable (see
 /// remote_call.cpp).
 void run_remote(const CallRemote& c, WorkerShared& shared, const StreamMeshes& meshes);
+/// Reports a result's layout (or its error) where the controller asked for it (request 0: it
+/// did not).
+void report(WorkerShared& shared, uint64_t request, const Value& out);
 /// Runs a to_mesh on this worker, of the source mesh, the target mesh, or both (to_mesh.cpp).
 void to_mesh(const ToMesh& c, WorkerShared& shared, StreamMeshes& meshes);
 /// Answers `c` (a fetch or a query) with an error, when it wants an answer.
